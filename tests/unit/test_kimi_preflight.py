@@ -1,0 +1,214 @@
+from __future__ import annotations
+
+import copy
+import socket
+
+import pytest
+from ansible.module_utils.kimi_node import (
+    directory_bytes,
+    filesystem_usage,
+    interfaces,
+    memory_total_bytes,
+    port_status,
+    unit_from_cgroup,
+)
+from ansible.module_utils.kimi_preflight import GIB, HostExpectation, Requirements, evaluate
+
+H100_MIB = 81559
+
+
+def h100_node_facts() -> dict:
+    return {
+        "memory_total_bytes": 2048 * GIB,
+        "cpu_count": 224,
+        "data": {
+            "path": "/data",
+            "exists": True,
+            "measured_at": "/data",
+            "total_bytes": 4000 * GIB,
+            "free_bytes": 3000 * GIB,
+        },
+        "checkpoint_dir_bytes": 0,
+        "shm": {"total_bytes": 1024 * GIB},
+        "interfaces": {
+            "lo": {"operstate": "unknown", "up": True, "ipv4": ["127.0.0.1"]},
+            "ib0": {"operstate": "up", "up": True, "ipv4": ["10.20.0.11"]},
+        },
+        "ports": {"8000": {"port": 8000, "free": True, "holders": []}},
+        "processes": {},
+    }
+
+
+def h100_gpu_facts() -> dict:
+    gpus = [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": H100_MIB, "driver_version": "580.95.05"}] * 8
+    return {"gpus": gpus, "processes": []}
+
+
+def nvidia_requirements(**changes) -> Requirements:
+    values = {
+        "accelerator": "nvidia",
+        "gpus_per_node": 8,
+        "gpu_name": "H100",
+        "gpu_memory_mib": H100_MIB,
+        "driver_version_prefix": "580.",
+        "shm_min_bytes": 16 * GIB,
+        "data_required_bytes": 595 * 10**9,
+        "data_margin_bytes": 50 * GIB,
+        "interfaces": ["ib0"],
+        "own_units": ["kimi-*.service"],
+    }
+    values.update(changes)
+    return Requirements(**values)
+
+
+def judge(req=None, node=None, gpu=None, host_ip="10.20.0.11", ports=None):
+    expect = {"gn1": HostExpectation(host_ip=host_ip, ports=ports or {8000: "API"})}
+    return evaluate(
+        req or nvidia_requirements(), expect, {"gn1": node or h100_node_facts()}, {"gn1": gpu or h100_gpu_facts()}
+    )
+
+
+def test_a_healthy_h100_node_passes_every_check():
+    verdict = judge()
+    assert verdict["passed"], verdict["failures"]
+    assert {cell["status"] for cell in verdict["table"]["gn1"].values()} == {"ok"}
+    assert verdict["summary_lines"][0].split() == [
+        "node",
+        "devices",
+        "driver",
+        "memory",
+        "shm",
+        "data_disk",
+        "interfaces",
+        "host_ip",
+        "ports",
+        "device_processes",
+    ]
+
+
+def test_missing_gpu_is_named_with_both_counts():
+    gpu = h100_gpu_facts()
+    gpu["gpus"] = gpu["gpus"][:7]
+    verdict = judge(gpu=gpu)
+    assert verdict["failures"] == ["gn1: devices: GPUs: need 8, nvidia-smi lists 7"]
+
+
+def test_wrong_driver_branch_fails():
+    verdict = judge(req=nvidia_requirements(driver_version_prefix="590."))
+    assert "gn1: driver: driver: need 590.*, found 580.95.05" in verdict["failures"]
+
+
+def test_small_disk_names_needed_and_available_bytes():
+    node = h100_node_facts()
+    node["data"]["free_bytes"] = 100 * GIB
+    verdict = judge(node=node)
+    (failure,) = verdict["failures"]
+    needed = 595 * 10**9 + 50 * GIB
+    assert failure.startswith(f"gn1: data_disk: disk /data: need {needed:,} B")
+    assert f"available {100 * GIB:,} B" in failure
+
+
+def test_checkpoint_already_on_disk_only_needs_the_rest():
+    node = h100_node_facts()
+    node["data"]["free_bytes"] = 60 * GIB
+    node["checkpoint_dir_bytes"] = 595 * 10**9
+    assert judge(node=node)["passed"]
+
+
+def test_wrong_interface_name_lists_what_exists():
+    verdict = judge(req=nvidia_requirements(interfaces=["ib1"]))
+    assert any("interface ib1 does not exist (node has: ib0, lo)" in f for f in verdict["failures"])
+
+
+def test_interface_down_or_without_ipv4_fails():
+    node = h100_node_facts()
+    node["interfaces"]["ib0"] = {"operstate": "down", "up": False, "ipv4": []}
+    verdict = judge(node=node)
+    assert any("interface ib0 is down, not up" in f for f in verdict["failures"])
+
+
+def test_host_ip_must_belong_to_the_node():
+    verdict = judge(host_ip="10.20.0.99")
+    assert (
+        "gn1: host_ip: VLLM_HOST_IP 10.20.0.99 is not an address of this node (10.20.0.11, 127.0.0.1)"
+        in (verdict["failures"])
+    )
+
+
+def test_port_taken_by_a_stranger_names_the_pid_but_our_own_unit_is_fine():
+    node = h100_node_facts()
+    holder = {"pid": 4242, "cmdline": "python -m http.server 8000", "unit": "session-3.scope", "exists": True}
+    node["ports"]["8000"] = {"port": 8000, "free": False, "holders": [holder]}
+    verdict = judge(node=node)
+    assert verdict["failures"] == ["gn1: ports: port 8000 (API) is taken by pid 4242 (python -m http.server 8000)"]
+    ours = copy.deepcopy(node)
+    ours["ports"]["8000"]["holders"][0]["unit"] = "kimi-vllm.service"
+    assert judge(node=ours)["passed"]
+
+
+def test_foreign_gpu_process_is_named():
+    gpu = h100_gpu_facts()
+    gpu["processes"] = [{"pid": 777, "process_name": "python3", "used_memory_mib": 40000}]
+    node = h100_node_facts()
+    node["processes"] = {"777": {"pid": 777, "cmdline": "python3 train.py", "unit": "session-1.scope"}}
+    verdict = judge(gpu=gpu, node=node)
+    assert verdict["failures"] == [
+        "gn1: device_processes: GPU memory held by other processes: pid 777 python3 (40000 MiB)"
+    ]
+
+
+def test_low_ram_is_a_warning_not_a_stop():
+    node = h100_node_facts()
+    node["memory_total_bytes"] = 1000 * GIB
+    verdict = judge(node=node)
+    assert verdict["passed"]
+    assert verdict["warnings"] and "below 2x GPU memory" in verdict["warnings"][0]
+
+
+def test_cpu_lab_replaces_gpu_checks_with_cpu_equivalents():
+    req = Requirements(accelerator="cpu", gpus_per_node=1, cpu_ram_per_rank_bytes=4 * GIB, interfaces=["ib0"])
+    verdict = evaluate(req, {"n1": HostExpectation(host_ip="10.20.0.11")}, {"n1": h100_node_facts()}, {})
+    row = verdict["table"]["n1"]
+    assert row["devices"]["text"].startswith("cpu: 224 cores")
+    assert row["driver"]["status"] == "n/a" and row["device_processes"]["status"] == "n/a"
+    node = h100_node_facts()
+    node["memory_total_bytes"] = 2 * GIB
+    verdict = evaluate(req, {"n1": HostExpectation(host_ip="10.20.0.11")}, {"n1": node}, {})
+    assert verdict["failures"] == ["n1: memory: RAM: 1 CPU rank(s) need 4.00 GiB, node has 2.00 GiB"]
+
+
+# The readers, against this machine's real /proc and a real socket.
+
+
+def test_readers_see_real_values(tmp_path):
+    assert memory_total_bytes() > 0
+    (tmp_path / "a").write_bytes(b"x" * 10)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").write_bytes(b"y" * 5)
+    assert directory_bytes(str(tmp_path)) == 15
+    assert directory_bytes(str(tmp_path / "absent")) == 0
+    usage = filesystem_usage(str(tmp_path / "not" / "yet"))
+    assert usage["measured_at"] == str(tmp_path) and usage["free_bytes"] > 0 and not usage["exists"]
+    assert interfaces()["lo"]["ipv4"] == ["127.0.0.1"]
+
+
+def test_a_listening_port_is_reported_with_this_process_as_holder():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        status = port_status(port)
+    assert status["free"] is False
+    assert any(h["pid"] == __import__("os").getpid() for h in status["holders"])
+
+
+@pytest.mark.parametrize(
+    ("text", "unit"),
+    [
+        ("0::/system.slice/kimi-vllm.service\n", "kimi-vllm.service"),
+        ("12:cpu:/user.slice/user-0.slice/session-4.scope\n0::/\n", "session-4.scope"),
+        ("0::/\n", None),
+    ],
+)
+def test_unit_from_cgroup(text, unit):
+    assert unit_from_cgroup(text) == unit
