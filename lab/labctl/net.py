@@ -1,0 +1,160 @@
+"""The lab network: one bridge with the host at .1, a FORWARD chain that keeps node traffic on it, and the
+link switch behind `cut`/`heal`."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from .settings import BRIDGE, HOST_ADDRESS, IPTABLES_CHAIN, PREFIX_LENGTH
+from .system import LabError, run
+
+_SYS_NET = Path("/sys/class/net")
+IFF_UP = 0x1
+
+
+def link_exists(name: str) -> bool:
+    return (_SYS_NET / name).exists()
+
+
+def link_is_up(name: str) -> bool:
+    """The administrative UP flag (what `ip link set ... down` clears)."""
+    try:
+        flags = int((_SYS_NET / name / "flags").read_text(), 16)
+    except OSError:
+        return False
+    return bool(flags & IFF_UP)
+
+
+def lab_links() -> list[str]:
+    """The bridge and every node veth present on the host."""
+    if not _SYS_NET.is_dir():
+        return []
+    return sorted(p.name for p in _SYS_NET.iterdir() if p.name == BRIDGE or p.name.startswith("vb-node"))
+
+
+def create_bridge() -> None:
+    run(["ip", "link", "add", BRIDGE, "type", "bridge", "stp_state", "0", "forward_delay", "0"])
+    run(["ip", "addr", "add", f"{HOST_ADDRESS}/{PREFIX_LENGTH}", "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
+
+
+def delete_links() -> list[str]:
+    """Delete node veths left behind (nspawn normally removes its own) and the bridge."""
+    problems = []
+    for name in sorted(lab_links(), key=lambda n: n == BRIDGE):
+        proc = subprocess.run(["ip", "link", "del", name], capture_output=True, text=True, check=False)
+        if proc.returncode != 0 and link_exists(name):
+            problems.append(f"cannot delete link {name}: {proc.stderr.strip()}")
+    return problems
+
+
+def route_device(address: str) -> str | None:
+    """The interface `ip route get` would send a packet to address through."""
+    proc = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=False)
+    words = proc.stdout.split()
+    return words[words.index("dev") + 1] if "dev" in words else None
+
+
+def require_bridge_route(address: str) -> None:
+    """Refuse to send anything to a lab address the kernel would route elsewhere (e.g. the default route:
+    198.18.0.0/15 is a real, unrouted-by-convention range and something upstream may answer)."""
+    device = route_device(address)
+    if device != BRIDGE:
+        raise LabError(f"{address} routes via {device or 'nothing'}, not {BRIDGE}: refusing to contact it")
+
+
+# --- iptables ---------------------------------------------------------------------------------------------
+
+
+def chain_rules() -> list[list[str]]:
+    """Rules of the lab chain: drop what is forwarded out of the bridge or into it from elsewhere.
+
+    Bridged node-to-node traffic also passes FORWARD (br_netfilter is loaded here) with -i and -o both
+    br-lab, so it is left alone."""
+    return [
+        ["-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP"],
+        ["-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP"],
+    ]
+
+
+def create_chain() -> None:
+    run(["iptables", "-w", "-N", IPTABLES_CHAIN])
+    for rule in chain_rules():
+        run(["iptables", "-w", "-A", IPTABLES_CHAIN, *rule])
+    run(["iptables", "-w", "-I", "FORWARD", "1", "-j", IPTABLES_CHAIN])
+
+
+def chain_exists() -> bool:
+    proc = subprocess.run(["iptables", "-w", "-S", IPTABLES_CHAIN], capture_output=True, check=False)
+    return proc.returncode == 0
+
+
+def forward_jumps() -> int:
+    proc = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True, check=False)
+    return sum(1 for line in proc.stdout.splitlines() if line.split()[-2:] == ["-j", IPTABLES_CHAIN])
+
+
+def delete_chain() -> list[str]:
+    problems = []
+    for _ in range(forward_jumps()):
+        subprocess.run(["iptables", "-w", "-D", "FORWARD", "-j", IPTABLES_CHAIN], capture_output=True, check=False)
+    if chain_exists():
+        subprocess.run(["iptables", "-w", "-F", IPTABLES_CHAIN], capture_output=True, check=False)
+        proc = subprocess.run(["iptables", "-w", "-X", IPTABLES_CHAIN], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            problems.append(f"cannot delete iptables chain {IPTABLES_CHAIN}: {proc.stderr.strip()}")
+    return problems
+
+
+# --- ports ------------------------------------------------------------------------------------------------
+
+
+def _decode_ipv4(hex_address: str) -> str:
+    # /proc/net/tcp prints the address as a little-endian 32-bit word.
+    raw = bytes.fromhex(hex_address)[::-1]
+    return ".".join(str(b) for b in raw)
+
+
+def listeners(port: int, proc_net_tcp: str, proc_net_tcp6: str) -> list[str]:
+    """Local addresses listening on TCP port, from the text of /proc/net/tcp and /proc/net/tcp6."""
+    found = []
+    for text, family in ((proc_net_tcp, 4), (proc_net_tcp6, 6)):
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != "0A":  # 0A = TCP_LISTEN
+                continue
+            address_hex, port_hex = fields[1].split(":")
+            if int(port_hex, 16) != port:
+                continue
+            if family == 4:
+                found.append(_decode_ipv4(address_hex))
+            elif address_hex == "0" * 32:
+                found.append("::")
+            elif address_hex.startswith("0000000000000000FFFF0000"):
+                found.append(_decode_ipv4(address_hex[24:]))
+            else:
+                found.append("ipv6-specific")
+    return found
+
+
+def port_conflict(port: int, proc_net_tcp: str, proc_net_tcp6: str) -> str | None:
+    """Which listener would stop a server binding HOST_ADDRESS:port, if any (a wildcard or the bridge
+    address itself; a listener on loopback only does not conflict)."""
+    for address in listeners(port, proc_net_tcp, proc_net_tcp6):
+        if address in ("0.0.0.0", "::", HOST_ADDRESS):
+            return address
+    return None
+
+
+def check_port_free(port: int, what: str) -> None:
+    tcp = Path("/proc/net/tcp").read_text()
+    tcp6_path = Path("/proc/net/tcp6")
+    tcp6 = tcp6_path.read_text() if tcp6_path.exists() else ""
+    holder = port_conflict(port, tcp, tcp6)
+    if holder is not None:
+        raise LabError(
+            f"port {port} ({what}) is already taken: something listens on {holder}:{port}; "
+            f"stop it or pick another port",
+            exit_code=2,
+        )
