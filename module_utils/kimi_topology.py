@@ -95,8 +95,7 @@ def resolve_node_ranks(hosts: list[str], overrides: dict[str, Any]) -> dict[str,
     for host, rank in ranks.items():
         if not 0 <= rank < count:
             raise TopologyError(
-                f"{RANK_VARIABLE}={rank} on host {host} is out of range: "
-                f"{count} node(s) take ranks 0..{count - 1}"
+                f"{RANK_VARIABLE}={rank} on host {host} is out of range: {count} node(s) take ranks 0..{count - 1}"
             )
     holders: dict[int, list[str]] = {}
     for host, rank in ranks.items():
