@@ -111,6 +111,27 @@ def cached_build(kind_dir: Path, key: str, build: Callable[[Path], None]) -> Pat
     return entry
 
 
+def cached_build_in_place(entry: Path, build: Callable[[Path], None]) -> Path:
+    """Like cached_build, for contents that must not move after they are built (a venv embeds its path).
+
+    The completion marker is written last, so a failed or killed build is rebuilt from scratch next time.
+    """
+    if is_complete(entry):
+        return entry
+    with _locked(entry.parent):
+        if is_complete(entry):
+            return entry
+        shutil.rmtree(entry, ignore_errors=True)
+        entry.mkdir(parents=True)
+        try:
+            build(entry)
+            (entry / COMPLETE_MARKER).write_text(f"completed {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+        except BaseException:
+            shutil.rmtree(entry, ignore_errors=True)
+            raise
+    return entry
+
+
 def run(
     cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, what: str = ""
 ) -> subprocess.CompletedProcess[str]:
