@@ -1,0 +1,69 @@
+"""Run one of this repository's modules with the venv's ``ansible`` against localhost and return its result.
+
+Unit tests use it to exercise library/*.py the way Ansible packs and runs them (module_utils imported as
+``ansible.module_utils.*``), with every temporary path under the test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def ansible_executable() -> str:
+    """The ansible next to the running interpreter (the project's .venv), else the one on PATH."""
+    beside = Path(sys.executable).parent / "ansible"
+    found = str(beside) if beside.exists() else shutil.which("ansible")
+    if not found:
+        pytest.skip("ansible is not installed (make venv)")
+    return found
+
+
+def run_module(tmp_path: Path, module: str, args: dict[str, Any], *, check: bool = False) -> tuple[bool, dict]:
+    """(succeeded, result) of ``ansible localhost -m MODULE -a ARGS`` with a connection to the local machine."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+        "ANSIBLE_LIBRARY": str(REPO_ROOT / "library"),
+        "ANSIBLE_MODULE_UTILS": str(REPO_ROOT / "module_utils"),
+        "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
+        "ANSIBLE_REMOTE_TEMP": str(tmp_path / "ansible-remote"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.minimal",
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+    }
+    command = [
+        ansible_executable(),
+        "all",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        module,
+        "-a",
+        json.dumps(args),
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    if check:
+        command.append("--check")
+    completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    marker = completed.stdout.find("=> ")
+    if marker < 0:
+        raise AssertionError(
+            f"no result from ansible (rc {completed.returncode}):\n{completed.stdout}{completed.stderr}"
+        )
+    result = json.loads(completed.stdout[marker + 3 :])
+    return completed.returncode == 0, result

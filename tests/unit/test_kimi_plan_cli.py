@@ -1,0 +1,223 @@
+"""bin/kimi-plan's contract (flags, JSON keys, exit statuses, text box) and the kimi_plan Ansible module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.ansible_adhoc import run_module
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KIMI_PLAN = REPO_ROOT / "bin" / "kimi-plan"
+REQUIRED_KEYS = {
+    "weights_gib_per_gpu",
+    "kv_cache_gib_per_gpu",
+    "kv_bytes_per_token_per_gpu",
+    "kv_tokens",
+    "max_concurrent_sequences",
+    "fits",
+    "reasons",
+}
+SEED_004 = [
+    "--model",
+    "Kimi-K2.7-Code",
+    "--weights-bytes",
+    "595177988208",
+    "--gpu-memory-gib",
+    "95.6",
+    "--gpus-per-node",
+    "8",
+    "--gpu-memory-utilization",
+    "0.9",
+    "--reserve-gib",
+    "3",
+    "--tp",
+    "8",
+]
+SEED_000 = [
+    "--model",
+    "Kimi-K2.7-Code",
+    "--params",
+    "1040e9",
+    "--weight-bytes-per-param",
+    "1",
+    "--weight-overhead",
+    "1.05",
+    "--gpus-per-node",
+    "8",
+    "--nodes",
+    "2",
+    "--gpu-memory-utilization",
+    "0.92",
+    "--reserve-gib",
+    "4",
+    "--tp",
+    "8",
+    "--pp",
+    "2",
+    "--enable-expert-parallel",
+    "--kv-cache-dtype",
+    "fp8",
+    "--max-model-len",
+    "32768",
+]
+
+
+def kimi_plan(*args: str) -> subprocess.CompletedProcess:
+    # Run the file itself, as users and outside checks do (its shebang is /usr/bin/env python3).
+    return subprocess.run([str(KIMI_PLAN), *args], capture_output=True, text=True, timeout=60)
+
+
+def kimi_plan_json(*args: str) -> tuple[int, dict]:
+    completed = kimi_plan("--json", *args)
+    lines = completed.stdout.splitlines()
+    assert len(lines) == 1, completed.stdout + completed.stderr
+    return completed.returncode, json.loads(lines[0])
+
+
+def test_is_an_executable_python3_script():
+    assert KIMI_PLAN.stat().st_mode & 0o111
+    assert KIMI_PLAN.read_text().startswith("#!/usr/bin/env python3\n")
+
+
+def test_json_object_has_the_contract_keys_and_exit_0_when_it_fits():
+    rc, plan = kimi_plan_json(*SEED_004, "--max-model-len", "131072")
+    assert rc == 0
+    assert plan.keys() >= REQUIRED_KEYS
+    assert plan["fits"] is True and plan["reasons"] == []
+    assert round(plan["kv_cache_gib_per_gpu"], 1) == 13.8
+    assert plan["kv_bytes_per_token_per_gpu"] == 70272
+    assert plan["max_concurrent_sequences"] == 1
+
+
+def test_seed_004_layouts_through_the_cli():
+    assert kimi_plan_json(*SEED_004, "--max-model-len", "131072", "--dcp", "8")[1]["max_concurrent_sequences"] == 12
+    fp8 = kimi_plan_json(*SEED_004, "--max-model-len", "131072", "--dcp", "8", "--kv-cache-dtype", "fp8")
+    assert fp8[1]["max_concurrent_sequences"] == 25
+
+
+def test_misfit_exits_1_and_still_prints_the_object():
+    rc, plan = kimi_plan_json(*SEED_004, "--max-model-len", "262144")
+    assert rc == 1
+    assert plan["fits"] is False
+    assert any("17.16 GiB" in reason for reason in plan["reasons"])
+
+
+def test_lab_figures_through_the_cli():
+    lab = ("--model", "lab-mini", "--gpu", "cpu", "--kv-cache-gib-per-gpu", "1", "--block-size", "128")
+    assert kimi_plan_json(*lab)[1]["kv_tokens"] == 465920
+    assert kimi_plan_json(*lab, "--pp", "2")[1]["kv_tokens"] == 931968
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--tp", "0"], "--tp"),
+        (["--tp", "eight"], "--tp"),
+        (["--kv-cache-dtype", "int8"], "--kv-cache-dtype"),
+        (["--gpu", "a100"], "--gpu"),
+        (["--model", "Kimi-K9"], "--model"),
+        (["--params", "1e12"], "--params"),
+        (["--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(args, flag):
+    completed = kimi_plan("--json", "--gpu-memory-gib", "80", *args)
+    assert completed.returncode == 2
+    assert completed.stdout == ""
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert flag in lines[0]
+
+
+def test_text_box_is_per_gpu_and_suggests_dcp():
+    completed = kimi_plan(*SEED_004, "--max-model-len", "131072")
+    assert completed.returncode == 0
+    out = completed.stdout
+    assert out.startswith("PER-GPU MEMORY BUDGET - Kimi-K2.7-Code")
+    assert "--> KV cache" in out and "13.75 GiB" in out
+    assert "replicated on all 8 TP ranks" in out
+    assert "DCP 8 would hold 8x the KV tokens: 12 full-length sequences instead of 1" in out
+
+
+def test_pooled_only_when_asked_and_labelled():
+    rc, pooled = kimi_plan_json("--pooled", *SEED_000, "--gpu-memory-gib", "80")
+    assert rc == 0
+    assert pooled["mode"] == "pooled" and pooled["warning"].startswith("POOLED")
+    assert pooled["kv_tokens"] == 2951927
+    assert pooled["max_concurrent_sequences"] == 90
+    assert pooled.keys() >= REQUIRED_KEYS
+    # Per GPU, with the seed's own 80 GiB and weights: 0.92 x 80 - 4 - 1017.0 / 16 = 6.04 GiB of KV on each GPU,
+    # 31 layers x 576 B per token on stage 0: 363,024 tokens, 11 sequences of 32K (not ~90).
+    assert pooled["per_gpu_plan"]["max_concurrent_sequences"] == 11
+    rc, per_gpu = kimi_plan_json(*SEED_000, "--gpu-memory-gib", "80")
+    assert per_gpu["mode"] == "per-gpu" and per_gpu["max_concurrent_sequences"] == 11
+    text = kimi_plan("--pooled", *SEED_000, "--gpu-memory-gib", "80").stdout
+    assert text.splitlines()[0].startswith("POOLED arithmetic (seed 000)")
+    assert "~90 full-length sequences" in text and "What vLLM actually allocates" in text
+
+
+def test_cli_runs_without_ansible_on_the_path():
+    # stdlib only: an interpreter with no site-packages (-S -I) still runs it.
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-I",
+            str(KIMI_PLAN),
+            "--json",
+            "--model",
+            "lab-mini",
+            "--gpu",
+            "cpu",
+            "--kv-cache-gib-per-gpu",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert json.loads(completed.stdout)["kv_tokens"] == 465920
+
+
+# --- library/kimi_plan.py through ansible ---------------------------------------------------------------------------
+
+
+def test_module_returns_the_plan(tmp_path):
+    ok, result = run_module(
+        tmp_path,
+        "kimi_plan",
+        {"model": "lab-mini", "gpu": "cpu", "kv_cache_gib_per_gpu": 1, "pp": 2, "nodes": 2, "max_model_len": 2048},
+    )
+    assert ok, result
+    assert result["changed"] is False
+    assert result["kv_tokens"] == 931968
+    assert result["plan"]["stages"][0]["num_layers"] == 1
+    assert result["table"].startswith("PER-GPU MEMORY BUDGET")
+
+
+def test_module_fails_with_the_reasons_when_it_does_not_fit(tmp_path):
+    args = {
+        "model": "Kimi-K2.7-Code",
+        "weights_bytes": 595177988208,
+        "gpu_memory_gib": 95.6,
+        "tp": 8,
+        "max_model_len": 262144,
+    }
+    ok, result = run_module(tmp_path, "kimi_plan", args, check=True)
+    assert not ok
+    assert result["msg"].startswith("plan does not fit: one 262,144-token sequence needs 17.16 GiB")
+    assert result["fits"] is False
+    ok, result = run_module(tmp_path, "kimi_plan", {**args, "fail_on_misfit": False})
+    assert ok and result["fits"] is False and result["reasons"]
+
+
+def test_module_names_the_bad_option(tmp_path):
+    ok, result = run_module(tmp_path, "kimi_plan", {"gpu": "h200", "tp": 8, "dcp": 0})
+    assert not ok
+    assert result["msg"] == "dcp: must be >= 1 (got 0)"
