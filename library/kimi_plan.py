@@ -49,7 +49,7 @@ options:
     description: GPUs per node (default 8; 1 for C(cpu)).
     type: int
   nodes:
-    description: Nodes; when given, tp x pp x dp must equal nodes x gpus_per_node, and dp defaults to filling them.
+    description: Nodes; when given, tp x pp x dp must equal nodes x gpus_per_node.
     type: int
   gpu_memory_utilization:
     description: vLLM's --gpu-memory-utilization.
@@ -72,7 +72,7 @@ options:
     type: int
     default: 1
   dp:
-    description: Data parallel size (each DP rank holds its own KV cache).
+    description: Data parallel size (each DP rank holds its own KV cache); default 1.
     type: int
   dcp:
     description: Decode context parallel size; must divide I(tp).

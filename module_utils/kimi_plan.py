@@ -1199,7 +1199,7 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
     is_cpu = gpu is not None and gpu.is_cpu
     gpus_per_node = numbers["gpus_per_node"] or (1 if is_cpu else 8)
     tp, pp = numbers["tp"], numbers["pp"]
-    dp = numbers["dp"] or _default_dp(numbers["nodes"], gpus_per_node, tp * pp)
+    dp = numbers["dp"] or 1  # vLLM's default; a mismatch with --nodes is a reason, not a guess
     max_model_len = numbers["max_model_len"] or model.max_position_embeddings
     if not max_model_len:
         raise PlanInputError("--max-model-len", "the model config has no max_position_embeddings: give it")
@@ -1224,14 +1224,6 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
         pp_layer_partition=partition,
         language_model_only=bool(options["language_model_only"]),
     )
-
-
-def _default_dp(nodes: int | None, gpus_per_node: int, replica_gpus: int) -> int:
-    # Without --dp, the nodes given are filled with replicas when they divide evenly (vLLM's own default is 1).
-    if nodes is None:
-        return 1
-    available = nodes * gpus_per_node
-    return available // replica_gpus if available % replica_gpus == 0 and available >= replica_gpus else 1
 
 
 def plan_from_options(raw: dict[str, Any]) -> dict[str, Any]:
@@ -1369,7 +1361,7 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-gib-per-gpu", help="measured KV budget per GPU, replaces the computed one")
     parser.add_argument("--tp", help="tensor parallel size (default 1)")
     parser.add_argument("--pp", help="pipeline parallel size (default 1)")
-    parser.add_argument("--dp", help="data parallel size (default: fill --nodes, else 1)")
+    parser.add_argument("--dp", help="data parallel size (default 1)")
     parser.add_argument("--dcp", help="decode context parallel size, divides tp (default 1)")
     parser.add_argument("--enable-expert-parallel", action="store_true", help="shard routed experts (EP = tp x dp)")
     parser.add_argument("--kv-cache-dtype", help="bf16 (default) or fp8")

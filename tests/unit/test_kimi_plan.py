@@ -166,10 +166,13 @@ def test_dp_ranks_each_hold_their_own_kv():
     assert two["max_concurrent_sequences"] == 2 * (one["kv_tokens"] // 32768)
 
 
-def test_nodes_fill_with_dp_replicas_by_default():
+def test_dp_defaults_to_one_and_unused_nodes_are_a_reason():
     result = plan(model="Kimi-K2.7-Code", gpu="h200", tp=8, nodes=2, enable_expert_parallel=True, max_model_len=32768)
-    assert result["dp"] == 2
-    assert result["ep_size"] == 16
+    assert result["dp"] == 1
+    assert result["ep_size"] == 8
+    assert not result["fits"]
+    assert "= 8 GPUs, but 2 nodes x 8 GPUs = 16" in result["reasons"][0]
+    assert plan(model="Kimi-K2.7-Code", gpu="h200", tp=8, dp=2, nodes=2, max_model_len=32768)["ep_size"] is None
 
 
 # --- expert parallelism shards routed experts (EP = tp x dp); the rest is replicated or TP-sharded ---------------
