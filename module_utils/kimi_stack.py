@@ -497,8 +497,8 @@ def check_interface_spec(
 
     Every listed entry must match at least one interface that is up (and has an IPv4 address when
     ``need_ipv4``); for an exclusion list, at least one non-loopback usable interface must remain.
-    ``exact`` forces exact names (gloo does not do prefixes). Returns ok, matched names and the problem
-    in words.
+    ``exact`` forces exact names (gloo does not do prefixes). Returns ok, matched names, a short status for
+    tables ('ok', 'missing ib0', 'down ib0', 'no IPv4 eth1') and the problem in words.
     """
     parsed = parse_interface_spec(spec)
     exact = exact or parsed["exact"]
@@ -511,26 +511,30 @@ def check_interface_spec(
         return record.get("up", False) and (bool(record.get("ipv4")) or not need_ipv4)
 
     present = sorted(interfaces)
-    result: dict[str, Any] = {"spec": spec, "ok": True, "matched": [], "problem": None}
+    result: dict[str, Any] = {"spec": spec, "ok": True, "status": "ok", "matched": [], "problem": None}
     if not parsed["entries"]:
-        return {**result, "ok": False, "problem": "empty interface list"}
+        return {**result, "ok": False, "status": "empty", "problem": "empty interface list"}
     if parsed["exclude"]:
         remaining = [n for n in present if n != "lo" and not any(matches(n, e) for e in parsed["entries"])]
         result["matched"] = [n for n in remaining if usable(n)]
         if not result["matched"]:
-            result.update(ok=False, problem=f"excludes every usable interface (present: {', '.join(present)})")
+            problem = f"excludes every usable interface (present: {', '.join(present)})"
+            result.update(ok=False, status="excludes all", problem=problem)
         return result
-    problems = []
+    problems, statuses = [], []
     for entry in parsed["entries"]:
         found = [name for name in present if matches(name, entry)]
         result["matched"].extend(found)
         if not found:
             problems.append(f"{entry} matches no interface (present: {', '.join(present) or 'none'})")
+            statuses.append(f"missing {entry}")
         elif not any(usable(name) for name in found):
-            states = ", ".join(_describe_interface(name, interfaces[name], need_ipv4) for name in found)
-            problems.append(f"{entry} is not usable ({states})")
+            states = [_describe_interface(name, interfaces[name], need_ipv4) for name in found]
+            problems.append(f"{entry} is not usable ({', '.join(states)})")
+            down = not any(interfaces[name].get("up") for name in found)
+            statuses.append(f"{'down' if down else 'no IPv4'} {entry}")
     if problems:
-        result.update(ok=False, problem="; ".join(problems))
+        result.update(ok=False, status=", ".join(statuses), problem="; ".join(problems))
     return result
 
 

@@ -102,7 +102,7 @@ def test_dpkg_query_of_a_pinned_and_held_node():
         "held": True,
         "status": "hold ok installed",
     }
-    assert debs["libnccl-dev"]["installed"] and not debs["libnccl-dev"]["held"]
+    assert debs["libnccl-dev"]["installed"] and debs["libnccl-dev"]["held"]
     assert debs["cuda-toolkit-13-3"]["version"] == "13.3.0-1"
     assert "nvidia-fabricmanager*" not in debs  # a glob is a query, not a package
     fabric = fabric_manager_from_debs(debs)
@@ -116,8 +116,8 @@ def test_dpkg_query_of_a_pinned_and_held_node():
 
 
 def test_dpkg_query_of_a_drifted_node_reports_absent_and_unheld():
-    dpkg = parse_dpkg_query((FIXTURES / "dpkg" / "node2.dpkg-query.txt").read_text())
-    holds = parse_showhold((FIXTURES / "dpkg" / "node2.showhold.txt").read_text())
+    dpkg = parse_dpkg_query((FIXTURES / "dpkg" / "drifted.dpkg-query.txt").read_text())
+    holds = parse_showhold((FIXTURES / "dpkg" / "drifted.showhold.txt").read_text())
     debs = deb_facts(dpkg, holds, ["libnccl2", "libnccl-dev"])
     assert debs["libnccl2"]["version"] == "2.30.5-1+cuda13.3"
     assert debs["libnccl2"]["held"] is False
