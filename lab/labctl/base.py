@@ -109,6 +109,25 @@ def build(cache: Path, debian_mirror: str, log: Path | None = None) -> Path:
     return final / "rootfs"
 
 
+def prune(cache: Path, keep: set[Path]) -> list[Path]:
+    """Remove cached bases (and interrupted builds) other than those in keep; returns what was removed.
+
+    Only called while no lab is up or with the running lab's base in keep: a base is an overlay lower layer
+    and must not vanish under a running node."""
+    removed = []
+    base_root = cache / "base"
+    if not base_root.is_dir():
+        return removed
+    keep_resolved = {p.resolve() for p in keep}
+    for entry in sorted(base_root.iterdir()):
+        if entry.is_dir() and entry.resolve() not in keep_resolved:
+            unmount_all_under(entry)
+            remove_tree(entry)
+            Path(f"{entry}.debootstrap.log").unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
 def _debootstrap(target: Path, debian_mirror: str, log: Path) -> None:
     target.mkdir(parents=True)
     argv = [
@@ -145,6 +164,8 @@ def customise(root: Path) -> None:
         resolv.unlink()
     resolv.write_text("# Lab nodes have no DNS: everything they need is addressed by IP.\n")
     (root / "etc/ssh/sshd_config.d/lab.conf").write_text(SSHD_DROP_IN)
+    # minbase has no locales package; C.UTF-8 is built into glibc (and pam_env stops warning at each login).
+    (root / "etc/default/locale").write_text("LANG=C.UTF-8\n")
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
 
     _chroot(root, "systemctl", "enable", "systemd-networkd.service", "ssh.service")

@@ -134,7 +134,8 @@ def require_host_ready() -> None:
 def require_nothing_left(paths: StatePaths) -> None:
     record = LabRecord.load(paths)
     if record is not None:
-        raise LabError(f"a lab with {record.node_count} nodes is already up: run `lab/lab down` first", exit_code=2)
+        what = "is already up" if record.ready else "was half made by an interrupted up"
+        raise LabError(f"a lab with {record.node_count} nodes {what}: run `lab/lab down` first", exit_code=2)
     left = teardown.leftovers(paths)
     if left:
         raise LabError(
@@ -191,6 +192,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
         net.check_port_free(settings.hf_port, "KIMI_LAB_HF_PORT, olah Hugging Face mirror")
         # Builds only touch the cache; nothing of the lab exists until they are done.
         base_rootfs = base.build(settings.cache, settings.debian_mirror)
+        base.prune(settings.cache, keep={base_rootfs.parent})
         mirrors = serve.build_mirrors(settings.cache)
         started = time.monotonic()
         try:
@@ -321,7 +323,12 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     require_host_ready()
     with exclusive(settings):
         if args.target in ("base", "all"):
-            print(f"base: {base.build(settings.cache, settings.debian_mirror)}")
+            rootfs = base.build(settings.cache, settings.debian_mirror)
+            record = LabRecord.load(StatePaths(settings.state))
+            in_use = {Path(record.base_rootfs).parent} if record else set()
+            for old in base.prune(settings.cache, keep={rootfs.parent, *in_use}):
+                print(f"base: removed the outdated {old}")
+            print(f"base: {rootfs}")
         kinds = serve.MIRROR_KINDS if args.target == "all" else (args.target,) if args.target != "base" else ()
         for kind, result in serve.build_mirrors(settings.cache, kinds).items():
             print(f"mirror {kind}: {json.dumps(result, default=str, sort_keys=True)}")

@@ -44,7 +44,12 @@ def build_mirrors(cache: Path, kinds: tuple[str, ...] = MIRROR_KINDS) -> dict[st
     results = {}
     for kind in kinds:
         started = time.monotonic()
-        results[kind] = mirrors_module(kind).build(cache)
+        try:
+            results[kind] = mirrors_module(kind).build(cache)
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            # The builders raise RuntimeError subclasses whose message names the failing step.
+            detail = " / ".join(line.strip() for line in str(error).splitlines() if line.strip())
+            raise LabError(f"mirror {kind} could not be built: {detail[:600]}") from error
         print(f"mirror {kind}: ready in {time.monotonic() - started:.1f} s")
     return results
 

@@ -1,0 +1,176 @@
+"""The running lab for tests/lab: one controller per session that brings the lab to the shape a test needs
+and always tears it down at the end, also when tests fail.
+
+Tests ask for `lab` (2 nodes up, the usual case), or call `lab_controller.ensure_up(n)` /
+`lab_controller.ensure_down()` themselves. `lab_controller.run(...)` runs `lab/lab` with its output captured.
+
+Mirrors: lab/lab up builds and serves the real mirrors. When the mirror builders are missing from the
+checkout, or KIMI_LAB_TEST_STUB_MIRRORS=1 is set, `lab/lab` runs with small stand-ins instead (tiny
+directories and an HTTP answer in olah's place), which is enough for the node/network/CLI tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from labctl import teardown
+from labctl.settings import load_settings
+from labctl.state import StatePaths
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LAB = REPO_ROOT / "lab" / "lab"
+MIRROR_MODULES = ("mirrors_apt", "mirrors_wheels", "mirrors_hf")
+
+STUB_OLAH = """\
+import argparse, tomllib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--config")
+parser.add_argument("--log-path")
+config = tomllib.loads(open(parser.parse_args().config).read())["basic"]
+
+
+class Answer(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"olah stand-in\\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+ThreadingHTTPServer((config["host"], config["port"]), Answer).serve_forever()
+"""
+
+STUB_LAUNCHER = """\
+import sys, types
+from pathlib import Path
+
+STUB = Path({stub!r})
+sys.path.insert(0, {lab_dir!r})
+
+
+def module(name, **functions):
+    stand_in = types.ModuleType(name)
+    stand_in.__dict__.update(functions)
+    sys.modules[name] = stand_in
+
+
+module("labctl.mirrors_apt", build=lambda cache: {{"nvidia": STUB / "apt/nvidia", "debian": STUB / "apt/debian"}})
+module("labctl.mirrors_wheels", build=lambda cache: {{"wheelhouse": STUB / "wheels"}})
+module(
+    "labctl.mirrors_hf",
+    build=lambda cache: {{
+        "mirrors_path": STUB / "hf",
+        "repo_id": "kimi-lab/stand-in",
+        "revision": "0" * 40,
+        "files": {{"config.json": 2}},
+        "total_bytes": 2,
+        "olah_python": STUB / "olah-python",
+    }},
+    olah_config=lambda mirrors_path, host, port, repos_path: f'[basic]\\nhost = "{{host}}"\\nport = {{port}}\\n',
+)
+from labctl.cli import main
+
+sys.exit(main())
+"""
+
+
+def use_stub_mirrors() -> bool:
+    if os.environ.get("KIMI_LAB_TEST_STUB_MIRRORS") == "1":
+        return True
+    return not all((REPO_ROOT / "lab" / "labctl" / f"{name}.py").exists() for name in MIRROR_MODULES)
+
+
+def write_stub_mirrors(directory: Path) -> Path:
+    """Tiny mirror stand-ins and a launcher that runs lab/lab's main() with them; returns the launcher."""
+    (directory / "apt/nvidia").mkdir(parents=True)
+    (directory / "apt/debian").mkdir(parents=True)
+    (directory / "apt/nvidia/Packages").write_text("")
+    (directory / "apt/debian/Packages").write_text("Package: lab-stand-in\nVersion: 1\n")
+    (directory / "wheels").mkdir()
+    (directory / "hf").mkdir()
+    (directory / "olah/olah").mkdir(parents=True)
+    (directory / "olah/olah/__init__.py").write_text("")
+    (directory / "olah/olah/server.py").write_text(STUB_OLAH)
+    olah_python = directory / "olah-python"
+    olah_python.write_text(f'#!/bin/sh\nPYTHONPATH={directory / "olah"} exec {sys.executable} "$@"\n')
+    olah_python.chmod(0o755)
+    launcher = directory / "lab-with-stub-mirrors.py"
+    launcher.write_text(textwrap.dedent(STUB_LAUNCHER).format(stub=str(directory), lab_dir=str(REPO_ROOT / "lab")))
+    return launcher
+
+
+@dataclass
+class LabController:
+    command: list[str]
+    paths: StatePaths
+    node_count: int = 0
+    log: list[str] = field(default_factory=list)
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            [*self.command, *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=timeout,
+            check=False,
+            cwd=REPO_ROOT,
+        )
+        self.log.append(f"$ lab {' '.join(args)} -> {proc.returncode}\n{proc.stdout}{proc.stderr}")
+        return proc
+
+    def ensure_up(self, count: int) -> dict:
+        if self.node_count != count:
+            self.ensure_down()
+            proc = self.run("up", str(count))
+            assert proc.returncode == 0, proc.stderr
+            self.node_count = count
+        return self.status()
+
+    def ensure_down(self) -> None:
+        proc = self.run("down")
+        assert proc.returncode == 0, proc.stderr
+        self.node_count = 0
+
+    def status(self) -> dict:
+        proc = self.run("status", "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def ssh(self, node: str, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return self.run("ssh", node, command, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def lab_controller(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    command = [sys.executable, str(LAB)]
+    if use_stub_mirrors():
+        command = [sys.executable, str(write_stub_mirrors(tmp_path_factory.mktemp("stub-mirrors")))]
+    controller = LabController(command=command, paths=StatePaths(load_settings().state))
+    # Start from nothing: a lab left up by an earlier run would make every `up` refuse.
+    controller.ensure_down()
+    try:
+        yield controller
+    finally:
+        controller.run("down")
+        left = teardown.leftovers(controller.paths)
+        assert not left, f"lab leftovers after the session: {left}"
+
+
+@pytest.fixture
+def lab(lab_controller):
+    """A running 2-node lab (brought up once and reused while tests keep it that way)."""
+    lab_controller.ensure_up(2)
+    return lab_controller
