@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ansible.module_utils.kimi_node import matches_any  # type: ignore[import-not-found]
+from ansible.module_utils.kimi_plan import PlanInputError, find_gpu, find_model  # type: ignore[import-not-found]
 
 GIB = 1024**3
 MIB = 1024**2
@@ -29,13 +30,13 @@ class Requirements:
 
     accelerator: str  # "nvidia" or "cpu"
     gpus_per_node: int
-    gpu_name: str = ""  # substring nvidia-smi's name must contain (nvidia)
-    gpu_memory_mib: int = 0  # what the driver reports for the preset (nvidia)
+    gpu: str = ""  # GPU preset (nvidia): the names nvidia-smi may print and the memory it reports
+    model: str = ""  # model preset: its published checkpoint size when data_required_bytes is 0
     driver_version_prefix: str = ""  # e.g. "580." (nvidia, optional)
     ram_gpu_factor: float = 2.0  # warn when RAM < factor x total GPU memory (nvidia)
     cpu_ram_per_rank_bytes: int = 0  # cpu: RAM each rank needs (KV cache + the process)
     shm_min_bytes: int = 0
-    data_required_bytes: int = 0  # the whole checkpoint
+    data_required_bytes: int = 0  # the whole checkpoint; 0 takes the model preset's published size
     data_margin_bytes: int = 0
     interfaces: list[str] = field(default_factory=list)
     own_units: list[str] = field(default_factory=list)
@@ -66,13 +67,16 @@ def check_devices(req: Requirements, node: dict, gpu: dict | None) -> Cell:
     gpus = (gpu or {}).get("gpus", [])
     if len(gpus) != req.gpus_per_node:
         return Cell("fail", f"GPUs: need {req.gpus_per_node}, nvidia-smi lists {len(gpus)}")
-    wrong_name = [g["name"] for g in gpus if req.gpu_name.lower() not in g["name"].lower()]
+    preset = find_gpu(req.gpu)
+    wrong_name = [g["name"] for g in gpus if g["name"] not in preset.driver_names]
     if wrong_name:
-        return Cell("fail", f"GPU model: need '{req.gpu_name}', found '{wrong_name[0]}'")
+        return Cell("fail", f"GPU model: kimi_gpu {preset.key} is '{preset.driver_names[0]}', found '{wrong_name[0]}'")
     smallest = min(g["memory_total_mib"] for g in gpus)
     # The preset is what the driver reports for that model; allow 1% for ECC/firmware differences.
-    if req.gpu_memory_mib and smallest < req.gpu_memory_mib * 0.99:
-        return Cell("fail", f"GPU memory: preset needs {req.gpu_memory_mib} MiB, smallest GPU has {smallest} MiB")
+    if preset.memory_mib and smallest < preset.memory_mib * 0.99:
+        return Cell(
+            "fail", f"GPU memory: kimi_gpu {preset.key} plans {preset.memory_mib} MiB, smallest GPU has {smallest} MiB"
+        )
     return Cell("ok", f"{len(gpus)} x {gpus[0]['name']} ({smallest} MiB)")
 
 
@@ -111,10 +115,25 @@ def check_shm(req: Requirements, node: dict) -> Cell:
     return Cell("ok", f"/dev/shm {_gib(size)}")
 
 
+def checkpoint_bytes(req: Requirements) -> int | None:
+    """The checkpoint's size: given, or the model preset's published one (None when neither is known)."""
+    if req.data_required_bytes:
+        return req.data_required_bytes
+    try:
+        return find_model(req.model).checkpoint_bytes if req.model else None
+    except PlanInputError:
+        return None
+
+
 def check_data_disk(req: Requirements, node: dict) -> Cell:
     data = node["data"]
-    present = min(node.get("checkpoint_dir_bytes", 0), req.data_required_bytes)
-    needed = req.data_required_bytes - present + req.data_margin_bytes
+    required = checkpoint_bytes(req)
+    if required is None:
+        return Cell(
+            "fail", f"checkpoint size of {req.model or 'the model'} is not published: set kimi_checkpoint_bytes"
+        )
+    present = min(node.get("checkpoint_dir_bytes", 0), required)
+    needed = required - present + req.data_margin_bytes
     free = data["free_bytes"]
     where = data["measured_at"]
     if free < needed:
@@ -144,6 +163,8 @@ def check_interfaces(req: Requirements, node: dict) -> Cell:
 
 def check_host_ip(expect: HostExpectation, node: dict) -> Cell:
     addresses = sorted({a for link in node["interfaces"].values() for a in link["ipv4"]})
+    if not expect.host_ip:
+        return Cell("fail", "VLLM_HOST_IP: kimi_host_ip is empty and the NCCL interface has no IPv4 to derive it from")
     if expect.host_ip not in addresses:
         return Cell("fail", f"VLLM_HOST_IP {expect.host_ip} is not an address of this node ({', '.join(addresses)})")
     return Cell("ok", expect.host_ip)
@@ -169,7 +190,7 @@ def check_device_processes(req: Requirements, node: dict, gpu: dict | None) -> C
     if req.accelerator == "cpu":
         return Cell("n/a", "cpu: no GPU memory to hold")
     strangers = []
-    for process in (gpu or {}).get("processes", []):
+    for process in (gpu or {}).get("compute_processes", []):
         described = node["processes"].get(str(process["pid"]), {})
         if matches_any(described.get("unit"), req.own_units):
             continue

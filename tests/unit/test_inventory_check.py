@@ -34,7 +34,7 @@ def write_inventory(tmp_path: Path, hosts: dict[str, dict], **cluster) -> Path:
 
 def run_check(tmp_path: Path, hosts: dict[str, dict], **cluster):
     inventory = write_inventory(tmp_path, hosts, **cluster)
-    return run_playbook(PREFLIGHT, inventory, tags="preflight", timeout=300)
+    return run_playbook(PREFLIGHT, inventory, tags="always", timeout=300)
 
 
 def test_ranks_follow_inventory_order(tmp_path):

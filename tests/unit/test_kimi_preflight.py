@@ -41,18 +41,18 @@ def h100_node_facts() -> dict:
 
 def h100_gpu_facts() -> dict:
     gpus = [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": H100_MIB, "driver_version": "580.95.05"}] * 8
-    return {"gpus": gpus, "processes": []}
+    return {"gpus": gpus, "compute_processes": []}
 
 
 def nvidia_requirements(**changes) -> Requirements:
     values = {
         "accelerator": "nvidia",
         "gpus_per_node": 8,
-        "gpu_name": "H100",
-        "gpu_memory_mib": H100_MIB,
+        "gpu": "h100-80gb",
+        "model": "kimi-k2.7-code",
         "driver_version_prefix": "580.",
         "shm_min_bytes": 16 * GIB,
-        "data_required_bytes": 595 * 10**9,
+        "data_required_bytes": 0,
         "data_margin_bytes": 50 * GIB,
         "interfaces": ["ib0"],
         "own_units": ["kimi-*.service"],
@@ -93,6 +93,21 @@ def test_missing_gpu_is_named_with_both_counts():
     assert verdict["failures"] == ["gn1: devices: GPUs: need 8, nvidia-smi lists 7"]
 
 
+def test_other_gpu_model_or_less_memory_than_the_preset_fails():
+    gpu = h100_gpu_facts()
+    gpu["gpus"] = [{**gpu["gpus"][0], "name": "NVIDIA H100 PCIe"}] * 8
+    assert judge(gpu=gpu)["failures"] == [
+        "gn1: devices: GPU model: kimi_gpu h100-80gb is 'NVIDIA H100 80GB HBM3', found 'NVIDIA H100 PCIe'"
+    ]
+    gpu["gpus"] = [{**gpu["gpus"][0], "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 40000}] * 8
+    assert "plans 81559 MiB, smallest GPU has 40000 MiB" in judge(gpu=gpu)["failures"][0]
+
+
+def test_unknown_checkpoint_size_is_a_clear_failure():
+    verdict = judge(req=nvidia_requirements(model="/nowhere/config.json"))
+    assert any("set kimi_checkpoint_bytes" in f for f in verdict["failures"])
+
+
 def test_wrong_driver_branch_fails():
     verdict = judge(req=nvidia_requirements(driver_version_prefix="590."))
     assert "gn1: driver: driver: need 590.*, found 580.95.05" in verdict["failures"]
@@ -103,7 +118,7 @@ def test_small_disk_names_needed_and_available_bytes():
     node["data"]["free_bytes"] = 100 * GIB
     verdict = judge(node=node)
     (failure,) = verdict["failures"]
-    needed = 595 * 10**9 + 50 * GIB
+    needed = 595_177_988_208 + 50 * GIB
     assert failure.startswith(f"gn1: data_disk: disk /data: need {needed:,} B")
     assert f"available {100 * GIB:,} B" in failure
 
@@ -111,7 +126,7 @@ def test_small_disk_names_needed_and_available_bytes():
 def test_checkpoint_already_on_disk_only_needs_the_rest():
     node = h100_node_facts()
     node["data"]["free_bytes"] = 60 * GIB
-    node["checkpoint_dir_bytes"] = 595 * 10**9
+    node["checkpoint_dir_bytes"] = 595_177_988_208
     assert judge(node=node)["passed"]
 
 
@@ -148,7 +163,7 @@ def test_port_taken_by_a_stranger_names_the_pid_but_our_own_unit_is_fine():
 
 def test_foreign_gpu_process_is_named():
     gpu = h100_gpu_facts()
-    gpu["processes"] = [{"pid": 777, "process_name": "python3", "used_memory_mib": 40000}]
+    gpu["compute_processes"] = [{"pid": 777, "process_name": "python3", "used_memory_mib": 40000}]
     node = h100_node_facts()
     node["processes"] = {"777": {"pid": 777, "cmdline": "python3 train.py", "unit": "session-1.scope"}}
     verdict = judge(gpu=gpu, node=node)
@@ -166,7 +181,13 @@ def test_low_ram_is_a_warning_not_a_stop():
 
 
 def test_cpu_lab_replaces_gpu_checks_with_cpu_equivalents():
-    req = Requirements(accelerator="cpu", gpus_per_node=1, cpu_ram_per_rank_bytes=4 * GIB, interfaces=["ib0"])
+    req = Requirements(
+        accelerator="cpu",
+        gpus_per_node=1,
+        cpu_ram_per_rank_bytes=4 * GIB,
+        interfaces=["ib0"],
+        data_required_bytes=10**7,
+    )
     verdict = evaluate(req, {"n1": HostExpectation(host_ip="10.20.0.11")}, {"n1": h100_node_facts()}, {})
     row = verdict["table"]["n1"]
     assert row["devices"]["text"].startswith("cpu: 224 cores")
