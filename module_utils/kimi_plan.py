@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
-MIB = 1024**2
 BF16_BYTES = 2
 FP32_BYTES = 4
 DEFAULT_MODEL = "Kimi-K2.7-Code"
@@ -877,6 +876,7 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
         "kv_cache_source": "measured" if inputs.kv_cache_gib_per_gpu is not None else "computed",
         "kv_cache_gib_per_gpu": limiting["kv_cache_gib_per_gpu"],
         "kv_bytes_per_token_per_gpu": limiting["kv_bytes_per_token_per_gpu"],
+        "kv_values_per_token_per_layer": model.kv_values_per_token_per_layer,
         "kv_gib_per_sequence_per_gpu": _round(_sequence_gib_per_gpu(inputs, limiting["num_layers"])),
         "kv_tokens": kv_tokens,
         "sequences_per_replica": per_replica,
@@ -1289,7 +1289,8 @@ def render_text(plan: dict[str, Any]) -> str:
 
 def _render_stage(plan: dict[str, Any], stage: dict[str, Any]) -> list[str]:
     first, last = stage["layers"]
-    lines = [f"Stage {stage['stage']} (layers {first}-{last - 1}, {stage['num_layers']} layers), per GPU:"]
+    count = stage["num_layers"]
+    lines = [f"Stage {stage['stage']} (layers {first}-{last - 1}, {count} layer{'' if count == 1 else 's'}), per GPU:"]
     source = "even split of --weights-bytes" if plan["weights_source"] == "even-split" else plan["quantization"]
     lines.append(_row("  Weights", f"{stage['weights_gib_per_gpu']:.2f} GiB  ({source})"))
     if plan["weights_source"] != "even-split":
@@ -1297,12 +1298,17 @@ def _render_stage(plan: dict[str, Any], stage: dict[str, Any]) -> list[str]:
             lines.append(_row(f"    {key.replace('_', ' ')}", f"{value:.3f} GiB"))
     kind = "measured" if plan["kv_cache_source"] == "measured" else "usable - weights"
     lines.append(_row("  --> KV cache", f"{stage['kv_cache_gib_per_gpu']:.2f} GiB  ({kind})"))
-    replicated = f"replicated on all {plan['tp']} TP ranks" if plan["dcp"] == 1 else f"split over DCP {plan['dcp']}"
+    if plan["dcp"] > 1:
+        replicated = f"split over DCP {plan['dcp']}"
+    elif plan["tp"] > 1:
+        replicated = f"replicated on all {plan['tp']} TP ranks"
+    else:
+        replicated = "one TP rank"
     lines.append(
         _row(
             "  KV per token on this GPU",
-            f"{stage['kv_bytes_per_token_per_gpu']:,} B ({stage['num_layers']} layers x 576-value latent, "
-            f"{replicated})",
+            f"{stage['kv_bytes_per_token_per_gpu']:,} B ({count} layer{'' if count == 1 else 's'} x "
+            f"{plan['kv_values_per_token_per_layer']} values, {replicated})",
         )
     )
     lines.append(_row("  KV tokens this stage holds", f"{stage['kv_tokens']:,}"))
