@@ -1,0 +1,106 @@
+"""site.yml against the real lab, through ansible-runner: converge, idempotence, and every preflight refusal.
+
+Each refusal must stop the play in preflight, name the host, the check and both numbers, and change nothing.
+The wall time of each refused run is printed (`-s` shows it); benchmarks, not tests, judge speed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+import yaml
+
+from tests.ansible_run import REPO_ROOT, run_playbook
+
+pytestmark = pytest.mark.lab
+
+SITE = REPO_ROOT / "site.yml"
+LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
+
+
+def run_site(**kwargs):
+    started = time.monotonic()
+    result = run_playbook(SITE, kwargs.pop("inventory", LAB_INVENTORY), **kwargs)
+    print(f"site.yml {kwargs} -> rc {result.rc} in {time.monotonic() - started:.1f} s")
+    return result
+
+
+def assert_refused(result, *fragments: str) -> str:
+    """The play failed, changed nothing, and one failure message carries every fragment; returns it."""
+    assert result.rc != 0, "the play should have been refused"
+    assert result.changed == 0, f"a refused play changed something: {result.stats.get('changed')}"
+    for message in result.failure_messages():
+        if all(fragment in message for fragment in fragments):
+            return message
+    raise AssertionError(f"no failure names {fragments}; failures: {result.failure_messages()}")
+
+
+def test_site_converges_and_a_second_run_changes_nothing(lab):
+    first = run_site()
+    assert first.rc == 0, first.failure_messages()
+    second = run_site()
+    assert second.rc == 0, second.failure_messages()
+    assert second.changed == 0, second.stats.get("changed")
+    assert second.count("failures") == 0
+
+
+def test_data_filesystem_too_small_is_refused_with_both_numbers(lab):
+    assert lab.run("data-size", "node2", "8M").returncode == 0
+    try:
+        message = assert_refused(run_site(tags="preflight"), "node2: data_disk: disk /data: need")
+        assert "available" in message and " B (" in message
+    finally:
+        assert lab.run("data-size", "node2", "4G").returncode == 0
+
+
+def test_wrong_interface_name_is_refused_for_every_node(lab):
+    result = run_site(tags="preflight", extravars={"kimi_network_interface": "ib9"})
+    for node in ("node1", "node2"):
+        assert_refused(result, f"{node}: interfaces: interface ib9 does not exist (node has: host0, lo)")
+
+
+def test_a_taken_port_is_refused_naming_the_process(lab):
+    started = lab.ssh("node1", "systemd-run --unit=port-squatter python3 -m http.server 8000")
+    assert started.returncode == 0, started.stderr
+    try:
+        assert_refused(run_site(tags="preflight"), "node1: ports: port 8000 (API) is taken by pid", "http.server")
+    finally:
+        lab.ssh("node1", "systemctl stop port-squatter")
+
+
+def test_layout_not_matching_the_nodes_is_refused(lab):
+    result = run_site(tags="preflight", extravars={"kimi_pipeline_parallel_size": 3})
+    assert_refused(result, "layout needs 3 GPUs", "kimi_nodes has 2 node(s) x kimi_gpus_per_node 1 = 2")
+
+
+def test_duplicate_ranks_are_refused(lab, tmp_path):
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    hosts = yaml.safe_load((LAB_INVENTORY / "hosts.yml").read_text())
+    for host in hosts["all"]["children"]["kimi_nodes"]["hosts"].values():
+        host["kimi_node_rank"] = 0
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    shutil.copytree(LAB_INVENTORY / "group_vars", inventory / "group_vars")
+    result = run_site(tags="preflight", inventory=inventory)
+    assert_refused(result, "duplicate kimi_node_rank (rank 0: node1, node2); rank(s) 1 have no host")
+
+
+def test_a_plan_that_does_not_fit_is_refused(lab):
+    # 1 MiB of KV per rank holds 896 tokens: less than one 2,048-token sequence.
+    result = run_site(tags="preflight", extravars={"kimi_kv_cache_gib_per_gpu": 0.0009765625})
+    message = assert_refused(result, "plan does not fit")
+    assert "2,048" in message or "2048" in message, message
+
+
+def test_a_node_cut_off_the_network_is_reported_unreachable(lab):
+    assert lab.run("cut", "node2").returncode == 0
+    try:
+        result = run_site(tags="preflight")
+        assert result.rc != 0
+        assert result.unreachable_hosts == ["node2"]
+        (failure,) = [f for f in result.failures if f["unreachable"]]
+        assert failure["host"] == "node2" and failure["msg"]
+    finally:
+        assert lab.run("heal", "node2").returncode == 0
