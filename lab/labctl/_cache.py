@@ -25,6 +25,9 @@ PLACEHOLDER_NCCL_SOURCE = MIRRORS_RECIPES / "placeholder" / "nccl_version.c"
 # Marks a finished entry; its absence means "rebuild".
 COMPLETE_MARKER = ".complete"
 KEY_LENGTH = 16
+# Finished entries kept per cache kind (the newest ones): enough to switch back and forth between branches
+# without rebuilding, few enough that edits to a recipe do not fill the disk.
+KEEP_ENTRIES = 3
 
 
 class MirrorBuildError(RuntimeError):
@@ -83,6 +86,14 @@ def _locked(kind_dir: Path) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
+def prune_old_entries(kind_dir: Path, keep: int = KEEP_ENTRIES) -> list[Path]:
+    """Remove finished entries beyond the newest `keep`; returns what was removed."""
+    removed = complete_entries(kind_dir)[keep:]
+    for entry in removed:
+        shutil.rmtree(entry, ignore_errors=True)
+    return removed
+
+
 def cached_build(kind_dir: Path, key: str, build: Callable[[Path], None]) -> Path:
     """Return `kind_dir/key`, calling `build(tmp_dir)` first if no finished entry exists.
 
@@ -108,6 +119,7 @@ def cached_build(kind_dir: Path, key: str, build: Callable[[Path], None]) -> Pat
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        prune_old_entries(kind_dir)
     return entry
 
 
@@ -129,6 +141,7 @@ def cached_build_in_place(entry: Path, build: Callable[[Path], None]) -> Path:
         except BaseException:
             shutil.rmtree(entry, ignore_errors=True)
             raise
+        prune_old_entries(entry.parent)
     return entry
 
 

@@ -289,17 +289,27 @@ def write_indexes(repo: Path, label: str) -> None:
     (repo / "Release").write_text("\n".join(release) + "\n")
 
 
-def _build_into(entry: Path) -> None:
-    nvidia = entry / "nvidia"
-    debian = entry / "debian"
-    nvidia.mkdir()
-    debian.mkdir()
-    work = entry / ".work"
-    build_placeholder_debs(load_spec(), nvidia, work)
+def build_nvidia_repo(repo: Path, spec: Path = NVIDIA_SPEC) -> list[dict]:
+    """Build every placeholder package of `spec` into `repo` and index it; returns the expanded packages."""
+    packages = load_spec(spec)
+    work = repo / ".work"
+    build_placeholder_debs(packages, repo, work)
     shutil.rmtree(work)
-    write_indexes(nvidia, "nvidia placeholders")
-    download_debian_packages(debian_closure(read_package_list()), debian)
-    write_indexes(debian, "debian closure")
+    write_indexes(repo, "nvidia placeholders")
+    return packages
+
+
+def build_debian_repo(repo: Path) -> None:
+    """Download the Debian closure into `repo` (needs apt's lists and Debian's registry) and index it."""
+    download_debian_packages(debian_closure(read_package_list()), repo)
+    write_indexes(repo, "debian closure")
+
+
+def _build_into(entry: Path) -> None:
+    for name in ("nvidia", "debian"):
+        (entry / name).mkdir()
+    build_nvidia_repo(entry / "nvidia")
+    build_debian_repo(entry / "debian")
 
 
 def build(cache: Path) -> dict:
@@ -307,3 +317,9 @@ def build(cache: Path) -> dict:
     key = _cache.recipe_key(recipe_files())
     entry = _cache.cached_build(Path(cache) / "apt", key, _build_into)
     return {"nvidia": entry / "nvidia", "debian": entry / "debian"}
+
+
+def existing(cache: Path) -> dict | None:
+    """build()'s result when the current recipe is already built under `cache`, else None; never builds."""
+    entry = Path(cache) / "apt" / _cache.recipe_key(recipe_files())
+    return {"nvidia": entry / "nvidia", "debian": entry / "debian"} if _cache.is_complete(entry) else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def model_config_path() -> Path:
 
 def base_python() -> str:
     """The real interpreter behind this one (venvs are made from it, even when labctl runs in a venv)."""
-    return getattr(sys, "_base_executable", sys.executable)
+    # Resolved, so that python3 and python3.11 of one installation share one tools venv.
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
 def tools_key() -> str:
@@ -114,6 +116,68 @@ def commit_repository(repo: Path) -> str:
     return _cache.run([*git, "rev-parse", "HEAD"], env=env, what="git rev-parse").stdout.strip()
 
 
+def expected_tensor_shapes(config: dict) -> dict[str, list[int]]:
+    """Every tensor vLLM's DeepseekV3 loader expects for `config`, with its shape (derived independently of
+    the generator, so the build can check the generator against it)."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    nope, rope, v_dim = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    q_rank, kv_rank = config["q_lora_rank"], config["kv_lora_rank"]
+    shapes = {
+        "model.embed_tokens.weight": [config["vocab_size"], hidden],
+        "model.norm.weight": [hidden],
+        "lm_head.weight": [config["vocab_size"], hidden],
+    }
+
+    def mlp(prefix: str, intermediate: int) -> None:
+        shapes[f"{prefix}.gate_proj.weight"] = [intermediate, hidden]
+        shapes[f"{prefix}.up_proj.weight"] = [intermediate, hidden]
+        shapes[f"{prefix}.down_proj.weight"] = [hidden, intermediate]
+
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}"
+        shapes[f"{p}.input_layernorm.weight"] = [hidden]
+        shapes[f"{p}.post_attention_layernorm.weight"] = [hidden]
+        shapes[f"{p}.self_attn.q_a_proj.weight"] = [q_rank, hidden]
+        shapes[f"{p}.self_attn.q_a_layernorm.weight"] = [q_rank]
+        shapes[f"{p}.self_attn.q_b_proj.weight"] = [heads * (nope + rope), q_rank]
+        shapes[f"{p}.self_attn.kv_a_proj_with_mqa.weight"] = [kv_rank + rope, hidden]
+        shapes[f"{p}.self_attn.kv_a_layernorm.weight"] = [kv_rank]
+        shapes[f"{p}.self_attn.kv_b_proj.weight"] = [heads * (nope + v_dim), kv_rank]
+        shapes[f"{p}.self_attn.o_proj.weight"] = [hidden, heads * v_dim]
+        if layer < config["first_k_dense_replace"] or layer % config["moe_layer_freq"] != 0:
+            mlp(f"{p}.mlp", config["intermediate_size"])
+            continue
+        shapes[f"{p}.mlp.gate.weight"] = [config["n_routed_experts"], hidden]
+        shapes[f"{p}.mlp.gate.e_score_correction_bias"] = [config["n_routed_experts"]]
+        for expert in range(config["n_routed_experts"]):
+            mlp(f"{p}.mlp.experts.{expert}", config["moe_intermediate_size"])
+        mlp(f"{p}.mlp.shared_experts", config["moe_intermediate_size"] * config["n_shared_experts"])
+    return shapes
+
+
+def read_safetensors_header(path: Path) -> dict[str, dict]:
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, data_offsets), without metadata."""
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return header
+
+
+def check_weights(repo: Path, config: dict) -> None:
+    """The generated weights must have exactly the tensors and shapes the loader expects."""
+    header = read_safetensors_header(repo / "model.safetensors")
+    actual = {name: info["shape"] for name, info in header.items()}
+    expected = expected_tensor_shapes(config)
+    if actual != expected:
+        missing = sorted(set(expected) - set(actual))[:5]
+        extra = sorted(set(actual) - set(expected))[:5]
+        wrong = sorted(n for n in set(actual) & set(expected) if actual[n] != expected[n])[:5]
+        raise _cache.MirrorBuildError(
+            f"model.safetensors does not match the config: missing {missing}, extra {extra}, wrong shape {wrong}"
+        )
+
+
 def _build_checkpoint(entry: Path, tools_python: Path) -> None:
     repo = repo_dir(entry / "mirrors")
     repo.mkdir(parents=True)
@@ -122,17 +186,14 @@ def _build_checkpoint(entry: Path, tools_python: Path) -> None:
         env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"},
         what="generate_checkpoint.py",
     )
+    check_weights(repo, json.loads(model_config_path().read_text()))
     sha = commit_repository(repo)
     files = {p.name: p.stat().st_size for p in sorted(repo.iterdir()) if p.is_file()}
     manifest = {"repo_id": REPO_ID, "revision": sha, "files": files, "total_bytes": sum(files.values())}
     (entry / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def build(cache: Path) -> dict:
-    """Build (or reuse) the tools venv and the checkpoint mirror; see the module docstring for the layout."""
-    tools_python = build_tools_venv(Path(cache))
-    key = _cache.recipe_key(recipe_files(), extra=tools_key())
-    entry = _cache.cached_build(Path(cache) / "hf", key, lambda tmp: _build_checkpoint(tmp, tools_python))
+def _result(entry: Path, tools_python: Path) -> dict:
     manifest = json.loads((entry / "manifest.json").read_text())
     return {
         "mirrors_path": entry / "mirrors",
@@ -142,6 +203,29 @@ def build(cache: Path) -> dict:
         "total_bytes": manifest["total_bytes"],
         "olah_python": tools_python,
     }
+
+
+def build(cache: Path) -> dict:
+    """Build (or reuse) the tools venv and the checkpoint mirror; see the module docstring for the layout."""
+    tools_python = build_tools_venv(Path(cache))
+    key = _cache.recipe_key(recipe_files(), extra=tools_key())
+    entry = _cache.cached_build(Path(cache) / "hf", key, lambda tmp: _build_checkpoint(tmp, tools_python))
+    return _result(entry, tools_python)
+
+
+def existing_tools_python(cache: Path) -> Path | None:
+    """The tools venv's python when it is built for this interpreter under `cache`, else None; never builds."""
+    tools_entry = Path(cache) / "tools" / tools_key()
+    return tools_entry / "venv" / "bin" / "python" if _cache.is_complete(tools_entry) else None
+
+
+def existing(cache: Path) -> dict | None:
+    """build()'s result when the current recipe is already built under `cache`, else None; never builds."""
+    tools_python = existing_tools_python(cache)
+    entry = Path(cache) / "hf" / _cache.recipe_key(recipe_files(), extra=tools_key())
+    if tools_python is None or not _cache.is_complete(entry):
+        return None
+    return _result(entry, tools_python)
 
 
 # ------------------------------------------------------------------------------------------- olah config

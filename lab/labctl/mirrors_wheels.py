@@ -230,3 +230,9 @@ def build(cache: Path) -> dict:
     key = _cache.recipe_key(recipe_files())
     entry = _cache.cached_build(kind_dir, key, lambda tmp: _build_into(kind_dir, tmp))
     return {"wheelhouse": entry}
+
+
+def existing(cache: Path) -> dict | None:
+    """build()'s result when the current recipe is already built under `cache`, else None; never builds."""
+    entry = Path(cache) / "wheels" / _cache.recipe_key(recipe_files())
+    return {"wheelhouse": entry} if _cache.is_complete(entry) else None
