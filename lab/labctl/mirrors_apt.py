@@ -234,26 +234,24 @@ def parse_recursive_depends(output: str) -> list[str]:
     return sorted(names)
 
 
+def _recursive_depends(roots: list[str]) -> list[str]:
+    flags = ["--no-recommends", "--no-suggests", "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"]
+    result = _cache.run(["apt-cache", "depends", "--recurse", *flags, *roots], what="apt-cache depends --recurse")
+    return parse_recursive_depends(result.stdout)
+
+
 def debian_closure(roots: list[str]) -> list[str]:
-    result = _cache.run(
-        [
-            "apt-cache",
-            "depends",
-            "--recurse",
-            "--no-recommends",
-            "--no-suggests",
-            "--no-conflicts",
-            "--no-breaks",
-            "--no-replaces",
-            "--no-enhances",
-            *roots,
-        ],
-        what="apt-cache depends --recurse",
-    )
-    names = parse_recursive_depends(result.stdout)
+    """`roots` and everything they depend on; refreshes apt's lists once if they do not know a root yet."""
+    try:
+        names = _recursive_depends(roots)
+    except _cache.MirrorBuildError:  # apt-cache exits 100 when it knows none of the names
+        names = []
+    if set(roots) - set(names):
+        _cache.run(["apt-get", "update", "-q"], what="apt-get update")
+        names = _recursive_depends(roots)
     missing = sorted(set(roots) - set(names))
     if missing:
-        raise _cache.MirrorBuildError(f"apt-cache does not know {', '.join(missing)} (run apt-get update?)")
+        raise _cache.MirrorBuildError(f"apt knows no package named {', '.join(missing)} (see {DEBIAN_PACKAGES.name})")
     return names
 
 

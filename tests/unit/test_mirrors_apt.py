@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+import http.server
 import json
+import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -165,3 +170,60 @@ def test_recipe_key_covers_specs_and_builder_source():
     assert mirrors_apt._cache.recipe_key(mirrors_apt.recipe_files()) == mirrors_apt._cache.recipe_key(
         mirrors_apt.recipe_files()
     )
+
+
+# ------------------------------------------------------------- slow: the repositories in the lab cache
+
+LAB_CACHE = Path(os.environ.get("KIMI_LAB_CACHE", "/var/cache/kimi-lab"))
+
+
+@pytest.fixture(scope="module")
+def served_repos() -> Iterator[str]:
+    """Both built repositories over HTTP on loopback (a thread of this test, stopped afterwards)."""
+    built = mirrors_apt.existing(LAB_CACHE)
+    if built is None:
+        pytest.skip(f"the apt repositories for the current recipe are not built under {LAB_CACHE} (lab/lab up)")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(built["nvidia"].parent))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="apt-get is not installed")
+def test_a_bare_node_can_install_the_pins_and_the_debian_packages(served_repos, tmp_path):
+    """apt on an empty dpkg status, with only the lab's two repositories: the closure must be complete."""
+    for directory in ("state/lists/partial", "cache/archives/partial", "etc/apt.conf.d", "etc/preferences.d"):
+        (tmp_path / directory).mkdir(parents=True)
+    (tmp_path / "status").write_text("")
+    sources = tmp_path / "etc/sources.list"
+    sources.write_text(f"deb [trusted=yes] {served_repos}/nvidia ./\ndeb [trusted=yes] {served_repos}/debian ./\n")
+    options = []
+    for key, value in {
+        "Dir::State": tmp_path / "state", "Dir::State::status": tmp_path / "status",
+        "Dir::Cache": tmp_path / "cache", "Dir::Etc": tmp_path / "etc", "Dir::Etc::sourcelist": sources,
+        "Dir::Etc::sourceparts": tmp_path / "etc/sources.list.d", "Dir::Etc::parts": tmp_path / "etc/apt.conf.d",
+        "Dir::Etc::preferencesparts": tmp_path / "etc/preferences.d", "APT::Architecture": "amd64",
+        "Debug::NoLocking": "1",
+    }.items():  # fmt: skip
+        options += ["-o", f"{key}={value}"]
+    subprocess.run(["apt-get", *options, "update"], check=True, capture_output=True)
+    wanted = ["libnccl2=2.30.7-1+cuda13.3", "libnccl-dev=2.30.7-1+cuda13.3", "cuda-toolkit-13-3",
+              "nvidia-driver-580=580.95.05-1", "nvidia-fabricmanager-580=580.95.05-1",
+              *mirrors_apt.read_package_list()]  # fmt: skip
+    result = subprocess.run(
+        ["apt-get", *options, "--simulate", "install", *wanted], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    installs = {
+        line.split()[1]: line.split()[2].strip("(") for line in result.stdout.splitlines() if line.startswith("Inst ")
+    }
+    assert installs["libnccl2"] == "2.30.7-1+cuda13.3"
+    assert installs["nvidia-fabricmanager-580"] == installs["nvidia-driver-580"] == "580.95.05-1"
+    assert {"g++", "python3-venv", "libnuma1", "cuda-cudart-13-3"} <= set(installs)
