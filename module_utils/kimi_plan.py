@@ -336,7 +336,7 @@ def model_from_config(config: dict[str, Any], name: str, source: str = "config.j
 
 
 def _lab_mini() -> ModelSpec:
-    # The lab's miniature Kimi-K2-shaped checkpoint: /work/shared/reference/tiny-kimi-k2-config.json (copied
+    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json, the shared reference config (copied
     # here field for field so the planner needs no file at run time).
     config = {
         "num_hidden_layers": 2,
@@ -357,7 +357,7 @@ def _lab_mini() -> ModelSpec:
         "max_position_embeddings": 131072,
         "tie_word_embeddings": False,
     }
-    return model_from_config(config, "lab-mini", "shared/reference/tiny-kimi-k2-config.json (lab miniature)")
+    return model_from_config(config, "lab-mini", "lab/mirrors/hf/config.json (lab miniature)")
 
 
 MODEL_PRESETS["lab-mini"] = _lab_mini()

@@ -12,6 +12,8 @@ from module_utils import kimi_plan as kp
 
 GIB = 1024**3
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+# The miniature model config the lab serves (a copy of the shared reference, kept in the repository).
+LAB_MINI_CONFIG = Path(__file__).resolve().parents[2] / "lab" / "mirrors" / "hf" / "config.json"
 K27 = kp.MODEL_PRESETS["Kimi-K2.7-Code"]
 K2_INSTRUCT = kp.MODEL_PRESETS["Kimi-K2-Instruct"]
 LAB_MINI = kp.MODEL_PRESETS["lab-mini"]
@@ -63,9 +65,7 @@ def test_mla_kv_bytes_per_token_per_layer():
 
 
 def test_kv_bytes_follow_the_config_not_the_head_count():
-    other = kp.model_from_config(
-        {**json.loads((FIXTURES / "tiny-kimi-k2-config.json").read_text()), "kv_lora_rank": 256}, "x"
-    )
+    other = kp.model_from_config({**json.loads(LAB_MINI_CONFIG.read_text()), "kv_lora_rank": 256}, "x")
     assert kp.kv_bytes_per_token_per_layer(other, "bf16") == (256 + 64) * 2
 
 
@@ -427,12 +427,12 @@ def test_quantization_of_the_presets():
 
 
 def test_lab_mini_equals_the_reference_config():
-    from_file = kp.load_model_config(FIXTURES / "tiny-kimi-k2-config.json", "lab-mini")
+    from_file = kp.load_model_config(LAB_MINI_CONFIG, "lab-mini")
     assert kp.replace(from_file, source=LAB_MINI.source) == LAB_MINI
 
 
 def test_model_path_is_accepted(tmp_path):
-    config = json.loads((FIXTURES / "tiny-kimi-k2-config.json").read_text())
+    config = json.loads(LAB_MINI_CONFIG.read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = plan(model=str(tmp_path), gpu="cpu", kv_cache_gib_per_gpu=1)
     assert result["kv_tokens"] == 465_920
@@ -442,7 +442,7 @@ def test_config_with_text_config_and_compressed_tensors():
     config = {
         "vision_config": {"hidden_size": 1152},
         "text_config": {
-            **json.loads((FIXTURES / "tiny-kimi-k2-config.json").read_text()),
+            **json.loads(LAB_MINI_CONFIG.read_text()),
             "quantization_config": {
                 "quant_method": "compressed-tensors",
                 "format": "pack-quantized",
