@@ -31,7 +31,7 @@ from .settings import (
     parse_size,
 )
 from .state import LabRecord, StatePaths
-from .system import LabError, run
+from .system import LabError, install_signal_handlers, run
 
 # Host program -> the Debian package that provides it (the hint in the error message).
 REQUIRED_PROGRAMS = {
@@ -369,6 +369,7 @@ def status_report(paths: StatePaths, settings: Settings) -> dict[str, object]:
                 "ssh_key": str(paths.client_key),
                 "known_hosts": str(paths.known_hosts),
                 "user": "root",
+                "port": nodes.SSH_PORT,
                 "data_size_bytes": record.data_sizes.get(node_name(i), record.data_size_bytes),
             }
             for i in range(1, record.node_count + 1)
@@ -409,6 +410,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM (a CI timeout) unwinds like Ctrl-C, so an interrupted `up` still removes what it made.
+    install_signal_handlers()
+    # Progress lines must reach a CI log (a file or pipe) when they happen, not when the buffer fills.
+    sys.stdout.reconfigure(line_buffering=True)
     try:
         settings = load_settings()
         return args.func(args, settings)

@@ -29,6 +29,7 @@ from .state import StatePaths
 from .system import (
     LabError,
     cgroup_pids,
+    critical_section,
     is_mounted,
     namespace_pid,
     pid_file_process,
@@ -201,7 +202,7 @@ def launch(paths: StatePaths, name: str) -> int:
         cgroup.mkdir(parents=True, exist_ok=True)
     move = " && ".join(f"echo $$ > {cgroup / 'cgroup.procs'}" for cgroup in cgroups)
     script = f'{move} && exec "$@"'
-    with paths.node_console_log(name).open("ab") as console:
+    with paths.node_console_log(name).open("ab") as console, critical_section():
         proc = subprocess.Popen(
             ["sh", "-c", script, "sh", *nspawn_argv(paths, name)],
             stdin=subprocess.DEVNULL,
@@ -209,7 +210,7 @@ def launch(paths: StatePaths, name: str) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    paths.node_pid_file(name).write_text(f"{proc.pid}\n")
+        paths.node_pid_file(name).write_text(f"{proc.pid}\n")
     return proc.pid
 
 
@@ -317,9 +318,10 @@ def wait_for_ssh(paths: StatePaths, names: list[str], timeout_s: float) -> None:
             if not is_running(paths, name):
                 raise LabError(f"{name} stopped while booting (console log: {paths.node_console_log(name)})")
             if _port_open(addresses[name], SSH_PORT):
-                proc = subprocess.run(
-                    [*ssh_argv(paths, addresses[name]), "true"], capture_output=True, text=True, check=False
-                )
+                with critical_section():
+                    proc = subprocess.run(
+                        [*ssh_argv(paths, addresses[name]), "true"], capture_output=True, text=True, check=False
+                    )
                 if proc.returncode == 0:
                     pending.remove(name)
         if pending and time.monotonic() > deadline:

@@ -20,7 +20,14 @@ from types import ModuleType
 
 from .settings import HOST_ADDRESS, Settings
 from .state import StatePaths
-from .system import LabError, pid_file_process, process_alive, signal_pids, wait_until_gone
+from .system import (
+    LabError,
+    critical_section,
+    pid_file_process,
+    process_alive,
+    signal_pids,
+    wait_until_gone,
+)
 
 MIRROR_KINDS = ("apt", "wheels", "hf")
 HTTP_MARKER = "http.server"
@@ -79,7 +86,7 @@ def prepare_docroot(paths: StatePaths, apt: dict[str, Path], wheels: dict[str, P
 
 def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
+    with log.open("ab") as out, critical_section():
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
@@ -88,7 +95,7 @@ def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    pid_file.write_text(f"{proc.pid}\n")
+        pid_file.write_text(f"{proc.pid}\n")
     return proc.pid
 
 

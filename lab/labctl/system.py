@@ -8,8 +8,10 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 
 class LabError(Exception):
@@ -20,9 +22,53 @@ class LabError(Exception):
         self.exit_code = exit_code
 
 
+# --- signals ----------------------------------------------------------------------------------------------
+# SIGTERM/SIGINT become exceptions, so an interrupted `up` unwinds into its cleanup. But an exception raised
+# while subprocess.Popen is starting a child abandons that child (Popen does not wait for it): an `ip link
+# add` forked just before the signal would create the bridge after the cleanup ran. So starting a process
+# (and recording it) is a critical section: a signal arriving inside one is raised when it ends.
+
+_critical_depth = 0
+_pending_signal: int | None = None
+
+
+def _raise_for(signum: int) -> NoReturn:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _pending_signal
+    if _critical_depth:
+        _pending_signal = signum
+        return
+    _raise_for(signum)
+
+
+def install_signal_handlers() -> None:
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+
+@contextmanager
+def critical_section() -> Iterator[None]:
+    """Defer SIGTERM/SIGINT until the block is done (see above)."""
+    global _critical_depth, _pending_signal
+    _critical_depth += 1
+    try:
+        yield
+    finally:
+        _critical_depth -= 1
+        if _critical_depth == 0 and _pending_signal is not None:
+            signum, _pending_signal = _pending_signal, None
+            _raise_for(signum)
+
+
 def run(argv: Sequence[str], *, check: bool = True, input_text: str | None = None) -> str:
     """Run a host command, return its stdout; a failure becomes a LabError naming the command and its stderr."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, input=input_text, check=False)
+    with critical_section():
+        proc = subprocess.run(list(argv), capture_output=True, text=True, input=input_text, check=False)
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         last = detail[-1] if detail else f"exit {proc.returncode}"

@@ -61,11 +61,16 @@ def down(paths: StatePaths) -> list[str]:
     problems: list[str] = []
     serve.stop_servers(paths)
     nodes.stop_all(paths, _node_names(paths))
-    # An nspawn that never made it into a node cgroup (an up killed at the wrong moment) is found by its
-    # command line instead.
-    strays = _lab_nspawn_pids(paths)
+    # A process an interrupted `up` started but never recorded is found by its command line instead.
+    strays = _lab_processes(paths)
     signal_pids(strays, signal.SIGKILL)
     wait_until_gone(strays, 5)
+    # nspawn removes its machine's propagation directory on exit, but not when it was SIGKILLed.
+    for directory in sorted(NSPAWN_PROPAGATE.glob("node*")):
+        try:
+            remove_tree(directory)
+        except (LabError, OSError) as error:
+            problems.append(f"cannot remove {directory}: {error}")
     problems += unmount_all_under(paths.root)
     problems += net.delete_links()
     problems += net.delete_chain()
@@ -90,7 +95,7 @@ def leftovers(paths: StatePaths) -> list[str]:
         if group.exists():
             found.append(f"cgroup {group}")
             found += [f"process {pid} ({' '.join(process_cmdline(pid))[:80]})" for pid in cgroup_pids(group)]
-    found += [f"nspawn process {pid}" for pid in _lab_nspawn_pids(paths)]
+    found += [f"lab process {pid} ({' '.join(process_cmdline(pid))[:80]})" for pid in _lab_processes(paths)]
     found += [f"{name} server process {pid}" for name, pid in serve.server_pids(paths).items() if pid]
     found += [f"mount {m}" for m in mounts_under(paths.root)]
     found += [f"link {name}" for name in net.lab_links()]
@@ -119,13 +124,21 @@ def save_logs(paths: StatePaths, destination: Path) -> Path:
     return destination
 
 
-def _lab_nspawn_pids(paths: StatePaths) -> list[int]:
-    """systemd-nspawn processes booting a directory under the state dir (found even outside our cgroups)."""
-    marker = f"--directory={paths.root}/"
+def _lab_processes(paths: StatePaths) -> list[int]:
+    """Lab processes found by their command line rather than a pid file or cgroup: an nspawn (or the shell
+    about to exec it) booting a directory under the state dir, or a server serving from it. This catches
+    what an `up` killed between starting a process and recording it leaves running."""
+    node_marker = f"--directory={paths.root}/"
+    serve_marker = f"{paths.serve_dir}/"
     pids = []
     for proc_dir in Path("/proc").iterdir():
-        if proc_dir.name.isdigit():
-            argv = process_cmdline(int(proc_dir.name))
-            if argv and Path(argv[0]).name == "systemd-nspawn" and any(a.startswith(marker) for a in argv):
-                pids.append(int(proc_dir.name))
+        if not proc_dir.name.isdigit():
+            continue
+        argv = process_cmdline(int(proc_dir.name))
+        is_node = any(arg.startswith(node_marker) for arg in argv)
+        is_server = any(arg in (serve.HTTP_MARKER, serve.OLAH_MARKER) for arg in argv) and any(
+            arg.startswith(serve_marker) for arg in argv
+        )
+        if is_node or is_server:
+            pids.append(int(proc_dir.name))
     return pids

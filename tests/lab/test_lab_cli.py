@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 import yaml
 from labctl import inventory, net, teardown
 from labctl.cli import REQUIRED_PROGRAMS
-from labctl.settings import node_address
+from labctl.settings import REPO_ROOT, node_address
 
 from tests.ansible_run import run_playbook
 
@@ -94,6 +96,22 @@ def test_failed_up_removes_what_it_created(lab_controller):
     proc = lab_controller.run("up", "1", env={"KIMI_LAB_BOOT_TIMEOUT": "0"})
     assert proc.returncode == 1
     assert "node1 did not accept SSH within 0 s" in proc.stderr
+    assert teardown.leftovers(lab_controller.paths) == []
+
+
+def test_up_killed_while_booting_removes_what_it_created(lab_controller):
+    """CI's timeout sends SIGTERM: an `up` stopped half-way (nodes booting) must still clean up after itself."""
+    lab_controller.ensure_down()
+    proc = subprocess.Popen(
+        [*lab_controller.command, "up", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT
+    )
+    pid_file = lab_controller.paths.node_pid_file("node1")
+    booting = wait_for(pid_file.exists, timeout_s=300)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert booting, err
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "up failed; removing what it created" in err
     assert teardown.leftovers(lab_controller.paths) == []
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from labctl import cli
+from labctl import cli, system
 from labctl.system import LabError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +101,23 @@ def test_entry_point_runs_with_the_system_python(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("lab: node count must be")
+
+
+def test_a_signal_inside_a_critical_section_is_raised_when_it_ends():
+    """SIGTERM must not abandon a half-started child: it is held until the section ends, then unwinds."""
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    system.install_signal_handlers()
+    reached_end_of_section = False
+    try:
+        with pytest.raises(SystemExit) as raised, system.critical_section():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            reached_end_of_section = True
+        assert raised.value.code == 128 + signal.SIGTERM
+        assert reached_end_of_section
+        with pytest.raises(SystemExit):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
