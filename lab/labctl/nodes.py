@@ -152,10 +152,9 @@ def resize_data(paths: StatePaths, name: str, size_bytes: int) -> None:
         ["mount", "-o", f"remount,size={size_bytes}", str(data)], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
-        raise LabError(
-            f"cannot resize {name}'s /data to {size_bytes} bytes (more than that in use?): {proc.stderr.strip()}",
-            exit_code=2,
-        )
+        # The kernel refuses to shrink a tmpfs below what it holds; mount's own message does not say so.
+        used = shutil.disk_usage(data).used
+        raise LabError(f"cannot resize {name}'s /data to {size_bytes} bytes: {used} bytes are in use", exit_code=2)
 
 
 def mount_overlay(paths: StatePaths, name: str, base_rootfs: Path) -> None:

@@ -188,6 +188,9 @@ def test_data_is_sized_and_resizable(lab):
         return int(proc.stdout)
 
     assert data_size("node2") == 4 * 1024**3
+    assert lab.ssh("node2", "head -c 80M /dev/zero > /data/fill").returncode == 0
+    assert "bytes are in use" in one_line_error(lab.run("data-size", "node2", "64M"))
+    assert lab.ssh("node2", "rm /data/fill").returncode == 0
     assert lab.run("data-size", "node2", "64M").returncode == 0
     try:
         assert data_size("node2") == 64 * 1024**2
