@@ -650,13 +650,21 @@ def gather_venv(run: Runner, venv_path: str) -> dict[str, Any]:
     return venv
 
 
-def gather_nccl_env(env_file: str, interfaces: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def gather_nccl_env(
+    env_file: str, interfaces: dict[str, dict[str, Any]], ib_root: Path = Path("/sys/class/infiniband")
+) -> dict[str, Any]:
+    hcas = sorted(p.name for p in ib_root.iterdir()) if ib_root.is_dir() else []
     text = _read(Path(env_file))
     if text is None:
-        return {"path": env_file, "exists": False, "values": {}, "invalid_lines": [], "checks": {}}
+        return {
+            "path": env_file,
+            "exists": False,
+            "values": {},
+            "invalid_lines": [],
+            "infiniband_devices": hcas,
+            "checks": {},
+        }
     values, invalid = parse_env_file(text)
-    ib_root = Path("/sys/class/infiniband")
-    hcas = sorted(p.name for p in ib_root.iterdir()) if ib_root.is_dir() else []
     return {
         "path": env_file,
         "exists": True,

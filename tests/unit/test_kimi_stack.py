@@ -409,3 +409,25 @@ def test_gather_prefers_the_loaded_kernel_module(tmp_path):
     assert driver["source"] == str(proc)
     assert driver["nvidia_smi_version"] == "580.95.05"
     assert driver["gpus"] == [{"name": "NVIDIA H200", "driver_version": "580.95.05"}]
+
+
+def key_shape(value, depth=2):
+    """Nested key names down to ``depth`` (the structure, not the values)."""
+    if not isinstance(value, dict) or depth == 0:
+        return None
+    return {key: key_shape(item, depth - 1) for key, item in value.items()}
+
+
+def test_gather_runs_for_real_here_and_the_recorded_node_facts_have_its_shape(tmp_path):
+    """The real commands (dpkg-query, apt-mark, ip, ldconfig) on this machine, without root."""
+    facts = kimi_stack.gather(
+        kimi_stack.subprocess_runner, venv_path=sys.prefix, nccl_env_file=str(tmp_path / "absent.env")
+    )
+    assert facts["venv"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert "lo" in facts["interfaces"]
+    assert facts["nccl_env"]["exists"] is False
+    recorded = json.loads((FIXTURES / "facts" / "node1.json").read_text())
+    live_top, recorded_top = key_shape(facts, 1), key_shape(recorded, 1)
+    assert live_top == recorded_top
+    for section in ("venv", "nccl_env", "fabric_manager"):
+        assert set(recorded[section]) <= set(facts[section]) | {"realpath", "site_dirs", "held", "others"}
