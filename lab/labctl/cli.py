@@ -204,7 +204,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"lab: after failed up: {problem}", file=sys.stderr)
             raise
     print(f"lab: {count} node(s) up and accepting SSH in {time.monotonic() - started:.1f} s")
-    print_status(paths, settings)
+    print_status(paths)
     return 0
 
 
@@ -352,7 +352,7 @@ def cmd_data_size(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def status_report(paths: StatePaths, settings: Settings) -> dict[str, object]:
+def status_report(paths: StatePaths) -> dict[str, object]:
     record = LabRecord.load(paths)
     if record is None:
         return {"up": False, "nodes": [], "servers": {}, "mirrors": {}, "leftovers": teardown.leftovers(paths)}
@@ -384,8 +384,8 @@ def status_report(paths: StatePaths, settings: Settings) -> dict[str, object]:
     }
 
 
-def print_status(paths: StatePaths, settings: Settings) -> None:
-    report = status_report(paths, settings)
+def print_status(paths: StatePaths) -> None:
+    report = status_report(paths)
     if not report["up"]:
         left = report["leftovers"]
         print("lab: down" + (f" (but {len(left)} leftovers: run `lab/lab down`)" if left else ""))
@@ -402,9 +402,9 @@ def print_status(paths: StatePaths, settings: Settings) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     paths = StatePaths(settings.state)
     if args.json:
-        print(json.dumps(status_report(paths, settings), indent=2, sort_keys=True))
+        print(json.dumps(status_report(paths), indent=2, sort_keys=True))
     else:
-        print_status(paths, settings)
+        print_status(paths)
     return 0
 
 
