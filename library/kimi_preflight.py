@@ -61,8 +61,8 @@ failures:
   description: One sentence per failing cell, "host: check: detail".
   returned: always
   type: list
-warnings:
-  description: One sentence per warning cell.
+notices:
+  description: One sentence per warning cell (a concern that does not stop the play).
   returned: always
   type: list
 table:

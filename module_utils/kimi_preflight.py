@@ -239,7 +239,7 @@ def evaluate(
     return {
         "passed": not failures,
         "failures": failures,
-        "warnings": warnings,
+        "notices": warnings,
         "table": {
             host: {name: {"status": c.status, "text": c.text} for name, c in row.items()} for host, row in table.items()
         },

@@ -20,7 +20,7 @@ READ_NCCL_VERSION = (
 
 def on_node(lab, node: str, script: str, timeout: float = 600) -> str:
     """Run a shell script on a node; fail the test with its output when it fails."""
-    proc = lab.ssh(node, f"bash -euo pipefail -c {shlex.quote(script)}", timeout=timeout)
+    proc = lab.ssh(node, f"bash -c {shlex.quote('set -euo pipefail; ' + script)}", timeout=timeout)
     assert proc.returncode == 0, f"on {node}: {script}\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout.strip()
 
@@ -54,11 +54,13 @@ def test_pip_installs_from_the_wheelhouse_with_no_index_and_hf_downloads_the_che
     target = "/data/test-download"
     try:
         # python3-venv comes from the lab's Debian mirror (the node's only apt source).
+        on_node(lab, "node2", "apt-get update -qq")
         on_node(lab, "node2", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv")
         on_node(
             lab,
             "node2",
-            f"python3 -m venv {venv} && {venv}/bin/pip install -q --no-index "
+            # Plain HTTP on the lab bridge: pip must be told to trust the mirror's host.
+            f"python3 -m venv {venv} && {venv}/bin/pip install -q --no-index --trusted-host 198.18.0.1 "
             f"--find-links {mirrors['lab_pip_find_links']} huggingface_hub==2.4.0",
         )
         on_node(

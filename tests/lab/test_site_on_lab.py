@@ -79,7 +79,7 @@ def test_duplicate_ranks_are_refused(lab, tmp_path):
     inventory = tmp_path / "inventory"
     inventory.mkdir()
     hosts = yaml.safe_load((LAB_INVENTORY / "hosts.yml").read_text())
-    for host in hosts["all"]["children"]["kimi_nodes"]["hosts"].values():
+    for host in hosts["kimi_nodes"]["hosts"].values():
         host["kimi_node_rank"] = 0
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
     shutil.copytree(LAB_INVENTORY / "group_vars", inventory / "group_vars")

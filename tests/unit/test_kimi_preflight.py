@@ -177,7 +177,7 @@ def test_low_ram_is_a_warning_not_a_stop():
     node["memory_total_bytes"] = 1000 * GIB
     verdict = judge(node=node)
     assert verdict["passed"]
-    assert verdict["warnings"] and "below 2x GPU memory" in verdict["warnings"][0]
+    assert verdict["notices"] and "below 2x GPU memory" in verdict["notices"][0]
 
 
 def test_cpu_lab_replaces_gpu_checks_with_cpu_equivalents():
