@@ -13,6 +13,8 @@ NODES ?= 2
 HOST_PACKAGES := debootstrap systemd-container dpkg-dev zstd iptables iproute2 openssh-client git curl gcc \
 	python3 python3-venv ca-certificates
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+# Ansible's and Molecule's state stays in the clone (.ansible/), never in ~/.ansible.
+export ANSIBLE_HOME := $(CURDIR)/.ansible
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help host-deps venv lint unit lab-build lab-up lab-down lab-status lab-test molecule test demo bench clean
@@ -61,7 +63,8 @@ lab-test: lab-build ## Tests against the real lab (boots and tears down its own 
 
 molecule: lab-build ## Every role's Molecule scenario on lab nodes
 	@for scenario in $$(ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename); do \
-		echo "== molecule test -s $$scenario"; $(BIN)/molecule test -s $$scenario; done
+		echo "== molecule test -s $$scenario"; \
+		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario $(BIN)/molecule test -s $$scenario; done
 
 test: host-deps venv lint unit lab-test molecule ## Everything CI runs
 

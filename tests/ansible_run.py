@@ -91,6 +91,7 @@ def run_playbook(
         cmdline.append("--diff")
     env = {
         "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
+        "ANSIBLE_HOME": str(REPO_ROOT / ".ansible"),
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "ANSIBLE_NOCOLOR": "1",
     }
