@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ansible.module_utils.kimi_gpu import parse_rows  # type: ignore[import-not-found]
+
 FACTS_SCHEMA = 1
 
 # What the module asks dpkg about by default: the pinned debs, and globs that catch whatever driver,
@@ -165,14 +167,11 @@ def parse_proc_driver_version(text: str) -> str | None:
 
 
 def parse_nvidia_smi_gpus(text: str) -> list[dict[str, str]]:
-    """GPUs from `nvidia-smi --query-gpu=name,driver_version --format=csv,noheader`."""
-    gpus = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        name, _, driver = line.rpartition(",")
-        gpus.append({"name": name.strip(), "driver_version": driver.strip()})
-    return gpus
+    """GPUs from `nvidia-smi --query-gpu=name,driver_version --format=csv,noheader` (kimi_gpu's CSV reader)."""
+    return [
+        {"name": row["name"] or "", "driver_version": row["driver_version"] or ""}
+        for row in parse_rows(text, ("name", "driver_version"))
+    ]
 
 
 def parse_fabric_manager_version(text: str) -> str | None:
