@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.ansible
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help host-deps venv lint unit lab-build lab-up lab-down lab-status lab-test molecule test demo bench clean
+.PHONY: help host-deps venv lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff
 unit: venv ## Unit tests (seconds; no root, no lab)
 	$(BIN)/pytest -q tests/unit
 
+local: venv ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
+	$(BIN)/pytest -q -m "not slow" tests/local
+
 lab-build: host-deps venv ## Build (or reuse) the lab's cached base rootfs and mirrors
 	$(PY) $(LAB) build all
 
@@ -66,7 +69,7 @@ molecule: lab-build ## Every role's Molecule scenario on lab nodes
 		echo "== molecule test -s $$scenario"; \
 		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario $(BIN)/molecule test -s $$scenario; done
 
-test: host-deps venv lint unit lab-test molecule ## Everything CI runs
+test: host-deps venv lint unit local lab-test molecule ## Everything CI runs
 
 demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 	$(PY) $(LAB) up $(NODES)
