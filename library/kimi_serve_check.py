@@ -1,0 +1,98 @@
+#!/usr/bin/python
+"""Ansible module: read vLLM's start-up log (KV tokens next to the planner's) or `ray status` (nodes, GPUs)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kimi_serve_check
+short_description: Judge what vLLM logged at start-up, or what ray status shows
+description:
+  - I(kind=vllm_log) parses "GPU/CPU KV cache size - N tokens", "Maximum concurrency ..." and "Available KV cache
+    memory" from I(text) and returns them next to I(predicted_kv_tokens). Fails only when I(require_match) is
+    true and the numbers differ (or nothing was logged).
+  - I(kind=ray_status) counts active nodes and the GPU total in I(text) and fails unless they are I(nodes) and
+    I(nodes) x I(gpus_per_node), or when Ray lists recent failures.
+  - Pure parsing; changes nothing.
+options:
+  kind:
+    description: What I(text) is.
+    type: str
+    required: true
+    choices: [vllm_log, ray_status]
+  text:
+    description: The log or the ray status output.
+    type: str
+    required: true
+  predicted_kv_tokens:
+    description: The planner's kv_tokens (kind vllm_log).
+    type: int
+  require_match:
+    description: Fail when the logged KV tokens differ from the prediction (kind vllm_log).
+    type: bool
+    default: false
+  nodes:
+    description: Nodes the Ray cluster must show (kind ray_status).
+    type: int
+  gpus_per_node:
+    description: GPUs each node registers with Ray (kind ray_status).
+    type: int
+author:
+  - Kimi K2 deployment collection
+"""
+
+EXAMPLES = r"""
+- name: Compare vLLM's KV tokens with the plan
+  kimi_serve_check:
+    kind: vllm_log
+    text: "{{ journal.stdout }}"
+    predicted_kv_tokens: "{{ plan.kv_tokens }}"
+"""
+
+RETURN = r"""
+logged:
+  description: The parsed start-up numbers (kind vllm_log).
+  returned: kind is vllm_log
+  type: dict
+kv:
+  description: Logged and predicted KV tokens, their difference and a one-line summary.
+  returned: kind is vllm_log
+  type: dict
+ray:
+  description: Active nodes, resource totals and failures (kind ray_status).
+  returned: kind is ray_status
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kimi_serve import compare_kv, parse_ray_status, parse_startup_log, ray_status_problems
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "kind": {"type": "str", "required": True, "choices": ["vllm_log", "ray_status"]},
+            "text": {"type": "str", "required": True},
+            "predicted_kv_tokens": {"type": "int"},
+            "require_match": {"type": "bool", "default": False},
+            "nodes": {"type": "int"},
+            "gpus_per_node": {"type": "int"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["kind"] == "ray_status":
+        status = parse_ray_status(params["text"])
+        problems = ray_status_problems(status, params["nodes"] or 0, params["gpus_per_node"] or 0)
+        if problems:
+            module.fail_json(msg="; ".join(problems), ray=status)
+        module.exit_json(changed=False, ray=status, msg=f"{status['active_nodes']} nodes, {status['resources']}")
+    logged = parse_startup_log(params["text"])
+    kv = compare_kv(logged, params["predicted_kv_tokens"])
+    if params["require_match"] and not kv["match"]:
+        module.fail_json(msg=kv["summary"], logged=logged, kv=kv)
+    module.exit_json(changed=False, logged=logged, kv=kv, msg=kv["summary"])
+
+
+if __name__ == "__main__":
+    main()
