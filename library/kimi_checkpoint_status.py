@@ -1,0 +1,302 @@
+#!/usr/bin/python
+"""Ansible module: the checkpoint on a node - marker, what is missing and free, the download job, verification."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kimi_checkpoint_status
+short_description: Checkpoint state on a node (marker, plan and free space, download job, progress, verify)
+description:
+  - C(marker) reads the marker and says whether it records this repository, commit and patterns; it does not
+    list the checkpoint directory (so a finished checkpoint costs one small read).
+  - C(plan) compares the listed files with what is on disk, reports missing bytes and the free space of the
+    filesystem that holds the directory, and with I(repair) deletes files at a wrong size and those a failed
+    verification recorded as bad.
+  - C(start) starts the download script detached from Ansible (a transient systemd unit, or a new session with
+    nohup semantics) unless the job recorded in the pid file is still running, in which case it attaches.
+  - C(progress) reports bytes on disk (finished files plus hf's partial files) and the job's state.
+  - C(verify) checks every listed file's size, and its sha256 or git blob id where the Hub gave one; bad files
+    are recorded so the next C(plan) with I(repair) deletes them.
+options:
+  mode:
+    description: >-
+      What to do. C(wait) is handled by the role's action plugin of the same name: it polls C(progress) every
+      I(interval) seconds, printing a line per poll, until the job ends or I(timeout) seconds passed.
+    type: str
+    required: true
+    choices: [marker, plan, start, progress, wait, verify]
+  host: {description: Host name the progress line starts with., type: str, default: ""}
+  previous_time: {description: Time of an earlier progress sample (for the rate)., type: float}
+  previous_bytes: {description: Bytes on disk at that sample., type: int}
+  interval: {description: Seconds between polls (wait)., type: float, default: 30}
+  timeout: {description: Seconds wait polls before it returns with the job still running; 0 = no limit., type: float, default: 0}
+  dir: {description: The checkpoint directory., type: path, required: true}
+  marker: {description: Marker file name inside dir., type: str, default: .kimi-checkpoint.json}
+  state_dir: {description: Node-local directory of the job's pid, rc, log and bad-file list., type: path}
+  repo_id: {type: str}
+  revision: {type: str}
+  include: {type: list, elements: str, default: []}
+  exclude: {type: list, elements: str, default: []}
+  files: {description: Files as kimi_hf_repo_files returns them., type: list, elements: dict, default: []}
+  repair: {type: bool, default: false}
+  margin_bytes: {description: Free space kept on top of the missing bytes (plan)., type: int, default: 0}
+  checksums: {type: bool, default: true}
+  script: {description: The download script C(start) runs., type: path}
+  launcher: {type: str, default: auto, choices: [auto, systemd, nohup]}
+  unit: {description: Transient systemd unit name., type: str, default: kimi-checkpoint-download}
+author: Kimi K2 deployment collection
+"""
+
+EXAMPLES = r"""
+- name: Is the checkpoint already there
+  kimi_checkpoint_status:
+    mode: marker
+    dir: /data/models/kimi-k2.7-code
+    repo_id: moonshotai/Kimi-K2.7-Code
+    revision: 0123456789abcdef0123456789abcdef01234567
+"""
+
+RETURN = r"""
+matches: {description: The marker records this repo, commit and patterns (marker mode)., type: bool}
+missing: {description: Files still to download (plan)., type: list}
+missing_bytes: {description: Their listed bytes (plan)., type: int}
+free_bytes: {description: Free bytes where the directory lives (plan)., type: int}
+running: {description: The download job is alive (plan, start, progress)., type: bool}
+attached: {description: start found the job running and did not start another., type: bool}
+bytes_on_disk: {description: Finished plus partial bytes (progress)., type: int}
+rc: {description: The job's exit status once it ended (progress); null while running or unknown., type: int}
+problems: {description: One line per bad file (verify)., type: list}
+"""
+
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.kimi_checkpoint import (  # noqa: E402
+    RepoFile,
+    bad_paths,
+    disk_shortfall,
+    existing_ancestor,
+    marker_matches,
+    plan,
+    progress_line,
+    rate,
+    read_marker,
+    verify,
+)
+
+PID_FILE, RC_FILE, LOG_FILE, BAD_FILE = "download.pid", "download.rc", "download.log", "bad-files.json"
+HF_PARTIAL_DIR = Path(".cache") / "huggingface" / "download"
+
+
+def repo_files(params: dict) -> list[RepoFile]:
+    fields = ("path", "size", "sha256", "git_oid")
+    return [RepoFile(**{k: item.get(k) for k in fields}) for item in params["files"]]
+
+
+def sizes_on_disk(directory: Path, files: list[RepoFile]) -> dict[str, int]:
+    sizes = {}
+    for repo_file in files:
+        path = directory / repo_file.path
+        if path.is_file():
+            sizes[repo_file.path] = path.stat().st_size
+    return sizes
+
+
+def partial_bytes(directory: Path) -> int:
+    """Bytes of hf's in-flight files (`<local-dir>/.cache/huggingface/download/**.incomplete`)."""
+    root = directory / HF_PARTIAL_DIR
+    if not root.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in root.rglob("*.incomplete") if p.is_file())
+
+
+def job_pid(state_dir: Path, script: str | None) -> int | None:
+    """The pid of the download job when it is alive and really is our script (pid files outlive pids)."""
+    try:
+        pid = int((state_dir / PID_FILE).read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    name = Path(script).name if script else "kimi-checkpoint-download"
+    return pid if name in cmdline else None
+
+
+def read_rc(state_dir: Path) -> int | None:
+    try:
+        return int((state_dir / RC_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(state_dir: Path, lines: int = 15) -> list[str]:
+    try:
+        return (state_dir / LOG_FILE).read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def use_systemd(launcher: str) -> bool:
+    if launcher == "auto":
+        return Path("/run/systemd/system").is_dir() and shutil.which("systemd-run") is not None
+    return launcher == "systemd"
+
+
+def start(module: AnsibleModule, state_dir: Path) -> dict:
+    script = module.params["script"]
+    pid = job_pid(state_dir, script)
+    if pid is not None:
+        return {"changed": False, "attached": True, "running": True, "pid": pid}
+    if module.check_mode:
+        return {"changed": True, "attached": False, "running": False}
+    (state_dir / RC_FILE).unlink(missing_ok=True)
+    (state_dir / PID_FILE).unlink(missing_ok=True)
+    if use_systemd(module.params["launcher"]):
+        unit = module.params["unit"]
+        # A failed unit of the same name from an earlier run would block the name: clear it first.
+        subprocess.run(["systemctl", "reset-failed", f"{unit}.service"], capture_output=True, check=False)
+        result = subprocess.run(
+            ["systemd-run", f"--unit={unit}", "--collect", "--quiet", "--property=KillMode=control-group", script],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            module.fail_json(msg=f"systemd-run failed: {result.stderr.strip()}")
+    else:
+        # Its own session, no terminal and no pipe back to Ansible: it outlives the SSH connection.
+        subprocess.Popen(
+            [script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    for _ in range(50):  # the script writes its pid first thing
+        pid = job_pid(state_dir, script)
+        if pid is not None or read_rc(state_dir) is not None:
+            break
+        time.sleep(0.1)
+    return {"changed": True, "attached": False, "running": pid is not None, "pid": pid}
+
+
+def run_plan(module: AnsibleModule, directory: Path, state_dir: Path | None) -> dict:
+    files = repo_files(module.params)
+    removed = []
+    before = plan(files, sizes_on_disk(directory, files))
+    if module.params["repair"]:
+        recorded = []
+        if state_dir is not None and (state_dir / BAD_FILE).is_file():
+            recorded = json.loads((state_dir / BAD_FILE).read_text() or "[]")
+        for name in sorted(set(recorded) | set(before.wrong_size)):
+            path = directory / name
+            if path.is_file():
+                removed.append(name)
+                if not module.check_mode:
+                    path.unlink()
+        if state_dir is not None and not module.check_mode:
+            (state_dir / BAD_FILE).unlink(missing_ok=True)
+    current = plan(files, sizes_on_disk(directory, files)) if removed and not module.check_mode else before
+    usage = shutil.disk_usage(existing_ancestor(str(directory)))
+    missing_bytes = current.missing_bytes + sum(
+        f.size for f in files if f.path in removed and f.path not in current.missing
+    )
+    where = existing_ancestor(str(directory))
+    shortfall = None
+    if missing_bytes:
+        host = module.params["host"] or "node"
+        shortfall = disk_shortfall(host, where, missing_bytes, module.params["margin_bytes"], usage.free)
+    return {
+        "shortfall": shortfall,
+        "changed": bool(removed),
+        "removed": removed,
+        "total_bytes": current.total_bytes,
+        "present_bytes": current.present_bytes,
+        "missing": sorted(set(current.missing) | set(removed)),
+        "missing_bytes": missing_bytes,
+        "free_bytes": usage.free,
+        "filesystem_path": where,
+        "running": job_pid(state_dir, module.params["script"]) is not None if state_dir else False,
+    }
+
+
+def progress(params: dict, directory: Path, state_dir: Path) -> dict:
+    files = repo_files(params)
+    total = sum(f.size for f in files)
+    # Finished files count at their listed size at most, so a file being replaced never counts twice.
+    finished = sum(min(size, f.size) for f in files if (size := sizes_on_disk(directory, [f]).get(f.path)))
+    done = min(finished + partial_bytes(directory), total)
+    now = time.time()
+    previous = None
+    if params["previous_time"] is not None and params["previous_bytes"] is not None:
+        previous = (params["previous_time"], params["previous_bytes"])
+    running = job_pid(state_dir, params["script"]) is not None
+    return {
+        "changed": False,
+        "running": running,
+        "rc": None if running else read_rc(state_dir),
+        "bytes_on_disk": done,
+        "total_bytes": total,
+        "time": now,
+        "line": progress_line(params["host"] or "node", done, total, rate(previous, (now, done))),
+        "log_tail": [] if running else log_tail(state_dir),
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "mode": {
+                "type": "str",
+                "required": True,
+                "choices": ["marker", "plan", "start", "progress", "wait", "verify"],
+            },
+            "host": {"type": "str", "default": ""},
+            "previous_time": {"type": "float"},
+            "previous_bytes": {"type": "int"},
+            "interval": {"type": "float", "default": 30},
+            "timeout": {"type": "float", "default": 0},
+            "dir": {"type": "path", "required": True},
+            "marker": {"type": "str", "default": ".kimi-checkpoint.json"},
+            "state_dir": {"type": "path"},
+            "repo_id": {"type": "str"},
+            "revision": {"type": "str"},
+            "include": {"type": "list", "elements": "str", "default": []},
+            "exclude": {"type": "list", "elements": "str", "default": []},
+            "files": {"type": "list", "elements": "dict", "default": []},
+            "repair": {"type": "bool", "default": False},
+            "margin_bytes": {"type": "int", "default": 0},
+            "checksums": {"type": "bool", "default": True},
+            "script": {"type": "path"},
+            "launcher": {"type": "str", "default": "auto", "choices": ["auto", "systemd", "nohup"]},
+            "unit": {"type": "str", "default": "kimi-checkpoint-download"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    directory = Path(params["dir"])
+    state_dir = Path(params["state_dir"]) if params["state_dir"] else None
+    mode = params["mode"]
+    if mode == "marker":
+        try:
+            marker = read_marker((directory / params["marker"]).read_text())
+        except OSError:
+            marker = None
+        matches = marker_matches(marker, params["repo_id"], params["revision"], params["include"], params["exclude"])
+        module.exit_json(changed=False, marker=marker, matches=matches)
+    if mode in ("start", "progress") and state_dir is None:
+        module.fail_json(msg=f"mode {mode} needs state_dir")
+    if mode == "plan":
+        module.exit_json(**run_plan(module, directory, state_dir))
+    if mode == "start":
+        module.exit_json(**start(module, state_dir))
+    if mode in ("progress", "wait"):
+        module.exit_json(**progress(params, directory, state_dir))
+    problems = verify(directory, repo_files(params), params["checksums"])
+    if problems and state_dir is not None and not module.check_mode:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / BAD_FILE).write_text(json.dumps(bad_paths(problems)))
+    module.exit_json(changed=False, problems=problems, ok=not problems)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Pure logic of the checkpoint phase: which files are missing, whether the disk can take them, how a
+download is going, whether what is on disk is what the Hub listed, and the marker that says "done".
+
+No Ansible, no network: the modules feed this plain data (a file list from the Hub, sizes read from disk) so
+every rule here is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+MARKER_VERSION = 1
+# Read files in 8 MiB blocks: large enough that hashing a 600 GB checkpoint is disk-bound, not call-bound.
+HASH_BLOCK = 8 << 20
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    """One file of the repository at the pinned revision, as the Hub lists it."""
+
+    path: str
+    size: int
+    # sha256 of the content where the Hub gives one (LFS files), else None.
+    sha256: str | None = None
+    # The git blob id (sha1 over "blob <size>\0" + content) the Hub gives for every file; None if unknown.
+    git_oid: str | None = None
+
+
+def is_commit_sha(revision: str) -> bool:
+    return bool(COMMIT_SHA.match(revision or ""))
+
+
+def files_from_tree(entries: list[dict]) -> list[RepoFile]:
+    """RepoFile for every file entry of the Hub's `tree?recursive=true` answer (directories are dropped)."""
+    files = []
+    for entry in entries:
+        if entry.get("type") != "file":
+            continue
+        lfs = entry.get("lfs") or {}
+        # For an LFS file the top-level oid is the pointer's blob id, not the content's: only lfs.oid checks it.
+        git_oid = None if lfs else entry.get("oid")
+        size = int(lfs.get("size", entry.get("size", 0)))
+        files.append(RepoFile(path=entry["path"], size=size, sha256=lfs.get("oid"), git_oid=git_oid))
+    return sorted(files, key=lambda f: f.path)
+
+
+def select_files(files: list[RepoFile], include: list[str], exclude: list[str]) -> list[RepoFile]:
+    """The files `hf download --include/--exclude` fetches: matching any include (all when none), no exclude."""
+    chosen = []
+    for repo_file in files:
+        if include and not any(fnmatch.fnmatch(repo_file.path, pattern) for pattern in include):
+            continue
+        if any(fnmatch.fnmatch(repo_file.path, pattern) for pattern in exclude):
+            continue
+        chosen.append(repo_file)
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Plan:
+    total_bytes: int
+    present_bytes: int
+    missing: list[str]
+    missing_bytes: int
+    # Files on disk at a size other than the listed one: a later verify names them and the repair deletes them.
+    wrong_size: list[str]
+
+
+def plan(files: list[RepoFile], sizes_on_disk: dict[str, int]) -> Plan:
+    """What is still to download, from the listed files and the sizes found locally (absent = not a key).
+
+    A file at the wrong size counts as missing in full: hf restarts an interrupted file from zero.
+    """
+    missing, wrong_size = [], []
+    present = missing_bytes = 0
+    for repo_file in files:
+        size = sizes_on_disk.get(repo_file.path)
+        if size == repo_file.size:
+            present += size
+            continue
+        missing.append(repo_file.path)
+        missing_bytes += repo_file.size
+        if size is not None:
+            wrong_size.append(repo_file.path)
+    total = sum(f.size for f in files)
+    return Plan(total, present, missing, missing_bytes, wrong_size)
+
+
+def disk_shortfall(host: str, path: str, missing_bytes: int, margin_bytes: int, free_bytes: int) -> str | None:
+    """None when the free space covers what is missing plus the margin; otherwise the refusal, per host."""
+    needed = missing_bytes + margin_bytes
+    if needed <= free_bytes:
+        return None
+    return (
+        f"{host}: not enough free space for the checkpoint under {path}: needed {needed} bytes "
+        f"({human_bytes(needed)}: {human_bytes(missing_bytes)} missing + {human_bytes(margin_bytes)} margin), "
+        f"available {free_bytes} bytes ({human_bytes(free_bytes)}); nothing was downloaded"
+    )
+
+
+def existing_ancestor(path: str) -> str:
+    """The nearest directory that exists at or above `path` (its filesystem is the one that will hold it)."""
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return current
+
+
+# ----------------------------------------------------------------------------------------------- progress
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"  # unreachable; keeps type checkers calm
+
+
+def human_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def progress_line(host: str, done: int, total: int, rate_bps: float | None) -> str:
+    """One progress line: bytes on disk vs total, percentage, rate and ETA (unknown until a rate exists)."""
+    percent = 100.0 * done / total if total else 100.0
+    line = f"{host}: {human_bytes(done)} of {human_bytes(total)} ({percent:.1f}%)"
+    if rate_bps is None or rate_bps <= 0:
+        return f"{line}, rate unknown yet, ETA unknown"
+    eta = max(total - done, 0) / rate_bps
+    return f"{line}, {human_bytes(rate_bps)}/s, ETA {human_duration(eta)}"
+
+
+def rate(previous: tuple[float, int] | None, now: tuple[float, int]) -> float | None:
+    """Bytes per second between two (time, bytes) samples; None without a usable earlier sample."""
+    if previous is None or now[0] <= previous[0]:
+        return None
+    return max(now[1] - previous[1], 0) / (now[0] - previous[0])
+
+
+# ------------------------------------------------------------------------------------------- verification
+
+
+def git_blob_sha1(path: Path) -> str:
+    digest = hashlib.sha1(usedforsecurity=False)
+    digest.update(f"blob {path.stat().st_size}\0".encode())
+    with path.open("rb") as handle:
+        while block := handle.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(directory: Path, files: list[RepoFile], checksums: bool) -> list[str]:
+    """Problems with the local copy, one per bad file, naming it; empty when every file is as listed."""
+    problems = []
+    for repo_file in files:
+        path = directory / repo_file.path
+        if not path.is_file():
+            problems.append(f"{repo_file.path}: missing")
+            continue
+        size = path.stat().st_size
+        if size != repo_file.size:
+            problems.append(f"{repo_file.path}: size {size}, listed {repo_file.size}")
+            continue
+        if not checksums:
+            continue
+        if repo_file.sha256 and file_sha256(path) != repo_file.sha256:
+            problems.append(f"{repo_file.path}: sha256 differs from the Hub's {repo_file.sha256}")
+        elif not repo_file.sha256 and repo_file.git_oid and git_blob_sha1(path) != repo_file.git_oid:
+            problems.append(f"{repo_file.path}: git blob id differs from the Hub's {repo_file.git_oid}")
+    return problems
+
+
+def bad_paths(problems: list[str]) -> list[str]:
+    return [problem.split(": ", 1)[0] for problem in problems]
+
+
+# ------------------------------------------------------------------------------------------------- marker
+
+
+@dataclass(frozen=True)
+class Marker:
+    repo_id: str
+    revision: str
+    file_count: int
+    total_bytes: int
+    include: list[str]
+    exclude: list[str]
+    verified_at: str
+    version: int = MARKER_VERSION
+
+
+def marker_for(
+    repo_id: str, revision: str, files: list[RepoFile], include: list[str], exclude: list[str], when: str
+) -> Marker:
+    return Marker(repo_id, revision, len(files), sum(f.size for f in files), list(include), list(exclude), when)
+
+
+def marker_json(marker: Marker) -> str:
+    return json.dumps(asdict(marker), indent=2, sort_keys=True) + "\n"
+
+
+def read_marker(text: str | None) -> dict | None:
+    """The marker's fields, or None when it is absent or unreadable (treated as "not done")."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def marker_matches(
+    marker: dict | None, repo_id: str, revision: str, include: list[str], exclude: list[str]
+) -> bool:
+    """True when the marker records this repository at this commit with these patterns.
+
+    `revision` must be a commit sha: a branch could have moved, so it never matches a marker by name.
+    """
+    if marker is None or not is_commit_sha(revision):
+        return False
+    return (
+        marker.get("version") == MARKER_VERSION
+        and marker.get("repo_id") == repo_id
+        and marker.get("revision") == revision
+        and list(marker.get("include") or []) == list(include)
+        and list(marker.get("exclude") or []) == list(exclude)
+    )
