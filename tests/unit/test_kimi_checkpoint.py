@@ -1,0 +1,120 @@
+"""Pure checkpoint logic: file selection, planning, the disk rule, progress lines, verification, the marker."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from module_utils import kimi_checkpoint as ck
+
+SHA = "60877af7bde655c71406a1843bcc395afa52fb57"
+
+
+def blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def test_tree_entries_keep_files_and_take_lfs_sha256_and_size():
+    entries = [
+        {"type": "directory", "path": "sub", "oid": "x", "size": 0},
+        {"type": "file", "path": "config.json", "oid": "a" * 40, "size": 10},
+        {"type": "file", "path": "model.safetensors", "oid": "p" * 40, "size": 134, "lfs": {"oid": "f" * 64, "size": 999}},
+    ]
+    files = ck.files_from_tree(entries)
+    assert [f.path for f in files] == ["config.json", "model.safetensors"]
+    assert files[0] == ck.RepoFile("config.json", 10, None, "a" * 40)
+    # The pointer's blob id would never match the content: only the LFS sha256 is kept.
+    assert files[1] == ck.RepoFile("model.safetensors", 999, "f" * 64, None)
+
+
+def test_include_and_exclude_select_like_hf():
+    files = [ck.RepoFile(p, 1) for p in ("a.json", "b.safetensors", "c.safetensors", "README.md")]
+    chosen = ck.select_files(files, include=["*.safetensors", "*.json"], exclude=["c.*"])
+    assert [f.path for f in chosen] == ["a.json", "b.safetensors"]
+    assert len(ck.select_files(files, [], [])) == 4
+
+
+def test_plan_counts_wrong_size_files_as_missing_in_full():
+    files = [ck.RepoFile("a", 100), ck.RepoFile("b", 50), ck.RepoFile("c", 7)]
+    result = ck.plan(files, {"a": 100, "b": 20})
+    assert result.missing == ["b", "c"]
+    assert result.missing_bytes == 57
+    assert result.present_bytes == 100
+    assert result.wrong_size == ["b"]
+    assert result.total_bytes == 157
+
+
+def test_disk_rule_names_host_needed_and_available():
+    assert ck.disk_shortfall("node1", "/data", 100, 10, 110) is None
+    message = ck.disk_shortfall("node2", "/data", 100, 10, 109)
+    assert message.startswith("node2: ")
+    assert "needed 110 bytes" in message
+    assert "available 109 bytes" in message
+
+
+def test_existing_ancestor_climbs_to_a_real_directory(tmp_path):
+    assert ck.existing_ancestor(str(tmp_path / "x" / "y")) == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "rate", "expected"),
+    [
+        (0, 1000, None, "n: 0 B of 1.0 KB (0.0%), rate unknown yet, ETA unknown"),
+        (500_000_000, 2_000_000_000, 100_000_000, "n: 500.0 MB of 2.0 GB (25.0%), 100.0 MB/s, ETA 0:00:15"),
+        (595_000_000_000, 595_000_000_000, 1e9, "n: 595.0 GB of 595.0 GB (100.0%), 1.0 GB/s, ETA 0:00:00"),
+    ],
+)
+def test_progress_line(done, total, rate, expected):
+    assert ck.progress_line("n", done, total, rate) == expected
+
+
+def test_rate_needs_an_earlier_sample():
+    assert ck.rate(None, (10.0, 100)) is None
+    assert ck.rate((10.0, 100), (10.0, 200)) is None
+    assert ck.rate((10.0, 100), (12.0, 300)) == 100.0
+
+
+def test_verify_names_missing_short_and_corrupt_files(tmp_path):
+    good, bad = b"hello", b"world"
+    (tmp_path / "good").write_bytes(good)
+    (tmp_path / "short").write_bytes(b"x")
+    (tmp_path / "corrupt").write_bytes(b"WORLD")
+    (tmp_path / "lfs").write_bytes(good)
+    files = [
+        ck.RepoFile("good", 5, git_oid=blob_id(good)),
+        ck.RepoFile("short", 5),
+        ck.RepoFile("corrupt", 5, git_oid=blob_id(bad)),
+        ck.RepoFile("lfs", 5, sha256=hashlib.sha256(b"other").hexdigest()),
+        ck.RepoFile("absent", 3),
+    ]
+    problems = ck.verify(tmp_path, files, checksums=True)
+    assert ck.bad_paths(problems) == ["short", "corrupt", "lfs", "absent"]
+    assert "corrupt: git blob id differs" in problems[1]
+    # Sizes only: the same-size corruptions pass.
+    assert ck.bad_paths(ck.verify(tmp_path, files, checksums=False)) == ["short", "absent"]
+
+
+def test_marker_round_trip_and_matching():
+    files = [ck.RepoFile("a", 3), ck.RepoFile("b", 4)]
+    marker = ck.marker_for("org/repo", SHA, files, ["*.json"], [], "2026-01-01T00:00:00Z")
+    data = ck.read_marker(ck.marker_json(marker))
+    assert data["file_count"] == 2 and data["total_bytes"] == 7
+    assert ck.marker_matches(data, "org/repo", SHA, ["*.json"], [])
+    assert not ck.marker_matches(data, "org/repo", "f" * 40, ["*.json"], [])
+    assert not ck.marker_matches(data, "org/other", SHA, ["*.json"], [])
+    assert not ck.marker_matches(data, "org/repo", SHA, [], [])
+    # A branch name never matches: it may have moved since.
+    assert not ck.marker_matches({**data, "revision": "main"}, "org/repo", "main", ["*.json"], [])
+
+
+@pytest.mark.parametrize("text", [None, "", "not json", json.dumps([1, 2])])
+def test_unreadable_marker_means_not_done(text):
+    assert ck.read_marker(text) is None
+
+
+def test_commit_sha_rule():
+    assert ck.is_commit_sha(SHA)
+    assert not ck.is_commit_sha("main")
+    assert not ck.is_commit_sha(SHA.upper())
