@@ -64,7 +64,7 @@ free_bytes: {description: Free bytes where the directory lives (plan)., type: in
 running: {description: The download job is alive (plan, start, progress)., type: bool}
 attached: {description: start found the job running and did not start another., type: bool}
 bytes_on_disk: {description: Finished plus partial bytes (progress)., type: int}
-rc: {description: The job's exit status once it ended (progress); null while running or unknown., type: int}
+exit_status: {description: The job's exit status once it ended (progress); null while running or unknown., type: int}
 problems: {description: One line per bad file (verify)., type: list}
 """
 
@@ -233,7 +233,7 @@ def progress(params: dict, directory: Path, state_dir: Path) -> dict:
     return {
         "changed": False,
         "running": running,
-        "rc": None if running else read_rc(state_dir),
+        "exit_status": None if running else read_rc(state_dir),
         "bytes_on_disk": done,
         "total_bytes": total,
         "time": now,

@@ -247,7 +247,7 @@ def test_branch_refused_unless_allowed(cluster, mirror):
 
 
 def test_a_rerun_attaches_and_a_killed_download_is_finished_by_the_next_run(cluster, mirror):
-    cluster["throttle"].rate = 500_000  # ~17 s: time to look at it mid-way
+    cluster["throttle"].rate = 150_000  # ~60 s: time to look at it mid-way
     watching = cluster["run"](checkpoint_wait_timeout=2)
     assert any("still running" in f["msg"] for f in watching.failures), watching.failure_messages()
     pid = int((cluster["state"] / "download.pid").read_text())
