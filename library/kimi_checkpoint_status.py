@@ -29,7 +29,10 @@ options:
   previous_time: {description: Time of an earlier progress sample (for the rate)., type: float}
   previous_bytes: {description: Bytes on disk at that sample., type: int}
   interval: {description: Seconds between polls (wait)., type: float, default: 30}
-  timeout: {description: Seconds wait polls before it returns with the job still running; 0 = no limit., type: float, default: 0}
+  timeout:
+    description: Seconds wait polls before it returns with the job still running; 0 = no limit.
+    type: float
+    default: 0
   dir: {description: The checkpoint directory., type: path, required: true}
   marker: {description: Marker file name inside dir., type: str, default: .kimi-checkpoint.json}
   state_dir: {description: Node-local directory of the job's pid, rc, log and bad-file list., type: path}
@@ -68,15 +71,14 @@ exit_status: {description: The job's exit status once it ended (progress); null 
 problems: {description: One line per bad file (verify)., type: list}
 """
 
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.kimi_checkpoint import (  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kimi_checkpoint import (
     RepoFile,
     bad_paths,
     disk_shortfall,

@@ -41,15 +41,15 @@ file_count: {description: Number of selected files., type: int, returned: succes
 total_bytes: {description: Sum of the selected files' sizes., type: int, returned: success}
 """
 
-import json  # noqa: E402
-import re  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.parse  # noqa: E402
-import urllib.request  # noqa: E402
-from dataclasses import asdict  # noqa: E402
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.kimi_checkpoint import files_from_tree, is_commit_sha, select_files  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kimi_checkpoint import files_from_tree, is_commit_sha, select_files
 
 NEXT_LINK = re.compile(r'<([^>]+)>;\s*rel="next"')
 
@@ -62,7 +62,7 @@ def _get(url: str, token: str | None, timeout: int) -> tuple[object, str | None]
     request = urllib.request.Request(url, headers={"User-Agent": "kimi-checkpoint"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (the configured endpoint)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.load(response), response.headers.get("Link")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,13 +109,10 @@ def disk_shortfall(host: str, path: str, missing_bytes: int, margin_bytes: int, 
 
 def existing_ancestor(path: str) -> str:
     """The nearest directory that exists at or above `path` (its filesystem is the one that will hold it)."""
-    current = os.path.abspath(path)
-    while not os.path.isdir(current):
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    return current
+    current = Path(path).absolute()
+    while not current.is_dir() and current.parent != current:
+        current = current.parent
+    return str(current)
 
 
 # ----------------------------------------------------------------------------------------------- progress
@@ -131,7 +127,7 @@ def human_bytes(count: float) -> str:
 
 
 def human_duration(seconds: float) -> str:
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
@@ -235,9 +231,7 @@ def read_marker(text: str | None) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def marker_matches(
-    marker: dict | None, repo_id: str, revision: str, include: list[str], exclude: list[str]
-) -> bool:
+def marker_matches(marker: dict | None, repo_id: str, revision: str, include: list[str], exclude: list[str]) -> bool:
     """True when the marker records this repository at this commit with these patterns.
 
     `revision` must be a commit sha: a branch could have moved, so it never matches a marker by name.

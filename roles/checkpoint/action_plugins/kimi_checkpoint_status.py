@@ -23,7 +23,8 @@ display = Display()
 
 
 class ActionModule(ActionBase):
-    def run(self, tmp=None, task_vars=None):
+    def run(self, tmp: str | None = None, task_vars: dict | None = None) -> dict:
+        task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         if args.get("mode") != "wait":
