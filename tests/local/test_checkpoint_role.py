@@ -79,10 +79,10 @@ def proxy_handler(upstream_port: int, throttle: Throttle) -> type[http.server.Ba
                     self.wfile.write(payload[start : start + 65536])
             connection.close()
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             self.forward(body=True)
 
-        def do_HEAD(self) -> None:  # noqa: N802
+        def do_HEAD(self) -> None:
             self.forward(body=False)
 
     return Forward
@@ -231,9 +231,7 @@ def test_corrupt_file_is_named_and_the_next_run_repairs_it(cluster, mirror):
 def test_unknown_revision_with_a_token_is_a_clear_error_without_the_token(cluster):
     result = cluster["run"](checkpoint_revision="0" * 40, checkpoint_hf_token=TOKEN)
     assert result.rc != 0
-    assert any("does not exist, or it is private/gated" in f["msg"] for f in result.failures), (
-        result.failure_messages()
-    )
+    assert any("does not exist, or it is private/gated" in f["msg"] for f in result.failures), result.failure_messages()
     assert TOKEN not in all_output(result)
 
 
@@ -261,3 +259,9 @@ def test_a_rerun_attaches_and_a_killed_download_is_finished_by_the_next_run(clus
     assert finished.rc == 0, finished.failure_messages()
     for name, size in mirror["files"].items():
         assert (cluster["dir"] / name).stat().st_size == size
+
+
+def test_check_mode_with_diff_writes_no_checkpoint(cluster):
+    result = run_playbook(PLAYBOOK, cluster["dir"].parents[2] / "hosts.yml", check=True, diff=True, timeout=600)
+    assert result.rc == 0, result.failure_messages()
+    assert not cluster["dir"].exists() or not any(cluster["dir"].iterdir())
