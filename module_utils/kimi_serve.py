@@ -252,6 +252,9 @@ def node_command(spec: ServeSpec, host: str) -> NodeCommand:
     argv += _capacity_flags(spec)
     if headless:
         argv.append("--headless")
+        if spec.layout == "dp_ep":
+            # Seed 001 gives the headless node the API port too (ignored there); kept for a like-for-like command.
+            argv += ["--port", str(spec.api_port)]
     else:
         argv += ["--host", spec.api_host, "--port", str(spec.api_port)]
     argv += list(spec.extra_args)
@@ -351,6 +354,8 @@ def compare_kv(logged: dict[str, Any], predicted_tokens: int | None) -> dict[str
 # ------------------------------------------------------------------------------------------ ray status
 
 _RAY_SECTION = re.compile(r"^(Active|Pending|Recent failures|Usage|Demands):\s*$")
+# Top-level headings of `ray status` (no colon); they end the section above them.
+_RAY_HEADINGS = ("Node status", "Resources", "Constraints")
 _RAY_RESOURCE = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+(\w+)")
 
 
@@ -366,6 +371,9 @@ def parse_ray_status(text: str) -> dict[str, Any]:
             section = header.group(1)
             continue
         stripped = line.strip()
+        if stripped in _RAY_HEADINGS:
+            section = None
+            continue
         if not stripped or stripped.startswith(("(", "-", "=")):
             continue
         if section == "Active":

@@ -1,0 +1,171 @@
+"""module_utils/kimi_serve.py: argv per layout and rank, DP start ranks, named refusals, systemd quoting, and
+the start-up log and ray status parsers."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+
+import pytest
+
+from module_utils.kimi_serve import (
+    API_UNIT,
+    HEADLESS_UNIT,
+    ServeInputError,
+    ServeSpec,
+    compare_kv,
+    data_parallel_start_ranks,
+    exec_start,
+    parse_ray_status,
+    parse_startup_log,
+    plan_nodes,
+    ray_status_problems,
+    systemd_quote,
+    validate,
+)
+
+TWO_NODES = ("n1", "n2")
+IPS = {"n1": "10.0.0.1", "n2": "10.0.0.2"}
+MP = ServeSpec(
+    layout="mp",
+    model_path="/data/m",
+    hosts_by_rank=TWO_NODES,
+    host_ips=IPS,
+    gpus_per_node=8,
+    tensor_parallel_size=8,
+    pipeline_parallel_size=2,
+)
+
+
+def test_mp_rank0_serves_the_api_and_rank1_is_headless():
+    nodes = plan_nodes(MP)
+    assert nodes["n1"]["unit"] == API_UNIT and nodes["n2"]["unit"] == HEADLESS_UNIT
+    first, second = nodes["n1"]["argv"], nodes["n2"]["argv"]
+    assert first[:2] == ["serve", "/data/m"]
+    assert "--headless" in second and "--headless" not in first
+    assert second[second.index("--node-rank") + 1] == "1"
+    assert second[second.index("--master-addr") + 1] == "10.0.0.1"
+    assert "--port" in first and "--port" not in second
+
+
+def test_dp_ep_start_ranks_follow_node_order_and_gpus_per_node():
+    spec = replace(
+        MP,
+        layout="dp_ep",
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=16,
+        enable_expert_parallel=True,
+        hosts_by_rank=("b", "a"),
+        host_ips={"a": "1.1.1.1", "b": "2.2.2.2"},
+    )
+    assert data_parallel_start_ranks(spec) == {"b": 0, "a": 8}
+    nodes = plan_nodes(spec)
+    assert nodes["a"]["argv"][nodes["a"]["argv"].index("--data-parallel-start-rank") + 1] == "8"
+    assert "--data-parallel-start-rank" not in nodes["b"]["argv"]
+    assert nodes["a"]["argv"][nodes["a"]["argv"].index("--data-parallel-address") + 1] == "2.2.2.2"
+
+
+def test_dp_ep_with_tp2_holds_four_ranks_per_node():
+    spec = replace(MP, layout="dp_ep", tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=8)
+    assert data_parallel_start_ranks(spec) == {"n1": 0, "n2": 4}
+
+
+def test_ray_workers_run_no_vllm():
+    spec = replace(MP, layout="ray", tensor_parallel_size=16, pipeline_parallel_size=1)
+    nodes = plan_nodes(spec)
+    assert nodes["n2"]["unit"] is None and nodes["n2"]["argv"] == []
+    assert "ray" in nodes["n1"]["argv"]
+
+
+@pytest.mark.parametrize(
+    ("change", "variable"),
+    [
+        ({"layout": "tp"}, "vllm_serve_layout"),
+        ({"tensor_parallel_size": 4}, "kimi_tensor_parallel_size"),
+        ({"decode_context_parallel_size": 3}, "kimi_decode_context_parallel_size"),
+        ({"host_ips": {"n1": "10.0.0.1"}}, "kimi_host_ip"),
+        ({"layout": "single"}, "vllm_serve_layout"),
+        ({"data_parallel_size": 2, "tensor_parallel_size": 4}, "kimi_data_parallel_size"),
+    ],
+)
+def test_refusals_name_the_variable(change, variable):
+    problems = validate(replace(MP, **change))
+    assert variable in [problem.variable for problem in problems]
+    with pytest.raises(ServeInputError):
+        plan_nodes(replace(MP, **change))
+
+
+def test_capacity_flags_only_when_set_and_bf16_means_auto():
+    argv = plan_nodes(replace(MP, max_model_len=2048, kv_cache_dtype="bf16"))["n1"]["argv"]
+    assert "--kv-cache-dtype" not in argv and argv[argv.index("--max-model-len") + 1] == "2048"
+    argv = plan_nodes(replace(MP, kv_cache_dtype="fp8", gpu_memory_utilization=0.85))["n1"]["argv"]
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "fp8"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.85"
+
+
+def test_language_model_only_drops_the_encoder_mode():
+    argv = plan_nodes(replace(MP, mm_encoder_tp_mode="data", language_model_only=True))["n1"]["argv"]
+    assert "--language-model-only" in argv and "--mm-encoder-tp-mode" not in argv
+
+
+@pytest.mark.parametrize("word", ['{"thinking": false}', "50%", "$HOME", "a b", 'x\\"y', "plain-word"])
+def test_systemd_quoting_round_trips(word):
+    quoted = systemd_quote(word)
+    assert shlex.split(quoted)[0].replace("%%", "%").replace("$$", "$") == word
+
+
+def test_exec_start_folds_but_keeps_flags_with_values():
+    text = exec_start("/opt/vllm/current/bin/vllm", plan_nodes(MP)["n1"]["argv"], width=40)
+    lines = text.split(" \\\n")
+    assert len(lines) > 1
+    assert not any(line.strip() in ("--node-rank", "--master-addr") for line in lines)
+
+
+CPU_LOG = """INFO [kv_cache_utils.py:1234] CPU KV cache size: 931,968 tokens
+INFO [kv_cache_utils.py:1238] Maximum concurrency for 2,048 tokens per request: 455.06x
+"""
+
+
+def test_startup_log_cpu_and_gpu_lines():
+    logged = parse_startup_log(CPU_LOG)
+    assert logged["kv_tokens"] == 931968 and logged["device"] == "CPU"
+    assert logged["max_concurrency"] == pytest.approx(455.06)
+    gpu = parse_startup_log(
+        "Available KV cache memory: 12.5 GiB\nGPU KV cache size: 1,000 tokens\nGPU KV cache size: 900 tokens\n"
+    )
+    assert gpu["kv_tokens"] == 900 and gpu["kv_tokens_all"] == [1000, 900] and gpu["available_kv_gib"] == 12.5
+
+
+def test_compare_kv_reports_the_difference():
+    assert compare_kv(parse_startup_log(CPU_LOG), 931968)["match"] is True
+    report = compare_kv(parse_startup_log(CPU_LOG), 931840)
+    assert report["match"] is False and report["difference"] == 128
+    assert compare_kv(parse_startup_log(""), 1)["match"] is None
+
+
+RAY_STATUS = """======== Autoscaler status: 2026-01-01 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_aaa
+ 1 node_bbb
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Usage:
+ 0.0/32.0 CPU
+ 0.0/16.0 GPU
+ 0B/100.00GiB memory
+"""
+
+
+def test_ray_status_counts_nodes_and_gpus():
+    status = parse_ray_status(RAY_STATUS)
+    assert status["active_nodes"] == 2 and status["resources"]["GPU"] == 16.0 and status["failures"] == []
+    assert ray_status_problems(status, 2, 8) == []
+    assert ray_status_problems(status, 3, 8)
