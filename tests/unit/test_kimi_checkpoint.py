@@ -20,7 +20,13 @@ def test_tree_entries_keep_files_and_take_lfs_sha256_and_size():
     entries = [
         {"type": "directory", "path": "sub", "oid": "x", "size": 0},
         {"type": "file", "path": "config.json", "oid": "a" * 40, "size": 10},
-        {"type": "file", "path": "model.safetensors", "oid": "p" * 40, "size": 134, "lfs": {"oid": "f" * 64, "size": 999}},
+        {
+            "type": "file",
+            "path": "model.safetensors",
+            "oid": "p" * 40,
+            "size": 134,
+            "lfs": {"oid": "f" * 64, "size": 999},
+        },
     ]
     files = ck.files_from_tree(entries)
     assert [f.path for f in files] == ["config.json", "model.safetensors"]
