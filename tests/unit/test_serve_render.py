@@ -257,3 +257,18 @@ def test_every_unit_passes_systemd_analyze_verify(rendered, case, tmp_path):
         )
         complaints = [line for line in done.stderr.splitlines() if str(path) in line or "Unknown" in line]
         assert done.returncode == 0 and not complaints, f"{case}: {name}: {done.stderr}"
+
+
+def test_check_mode_with_diff_writes_nothing(tmp_path):
+    inventory, extra, _ = CASES["lab-mp"]
+    outcome = run_playbook(
+        REPO_ROOT / "playbooks" / "serve.yml",
+        inventory,
+        extravars={**_render_vars(tmp_path), **extra},
+        check=True,
+        diff=True,
+        timeout=600,
+    )
+    assert outcome.rc == 0, outcome.failure_messages()
+    assert outcome.changed > 0
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]
