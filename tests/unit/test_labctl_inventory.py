@@ -29,7 +29,7 @@ def test_hosts_are_kimi_nodes_in_order_with_strict_host_keys():
 
 
 def test_generated_vars_carry_the_mirrors_and_the_checkpoint():
-    values = yaml.safe_load(inventory.render_generated_vars(2, 4 * 1024**3, URLS, CHECKPOINT))
+    values = yaml.safe_load(inventory.render_generated_vars(2, 4 * 1024**3, URLS, CHECKPOINT, cpuinfo="flags: sse"))
     assert values == {
         "lab_node_count": 2,
         "lab_data_size_bytes": 4 * 1024**3,
@@ -40,6 +40,7 @@ def test_generated_vars_carry_the_mirrors_and_the_checkpoint():
         "lab_checkpoint_repo_id": "kimi-lab/tiny-kimi-k2",
         "lab_checkpoint_revision": "a" * 40,
         "lab_checkpoint_total_bytes": 9_000_000,
+        "lab_kv_block_size": 16,
     }
 
 
@@ -59,3 +60,10 @@ def test_write_and_remove_touch_only_the_two_generated_files(tmp_path):
     assert not inventory.hosts_path(tmp_path).exists()
     assert not inventory.generated_vars_path(tmp_path).exists()
     assert keep.read_text() == "kimi_model: lab-mini\n"
+
+
+def test_kv_block_size_follows_the_cpu_backend_vllm_picks():
+    assert inventory.cpu_kv_block_size("flags\t: fpu sse avx512f amx_bf16 amx_tile amx_int8\n") == 128
+    assert inventory.cpu_kv_block_size("flags\t: fpu sse avx512f avx512_bf16\n") == 16
+    values = yaml.safe_load(inventory.render_generated_vars(2, 1, URLS, CHECKPOINT, cpuinfo="flags: amx_tile amx_bf16"))
+    assert values["lab_kv_block_size"] == 128
