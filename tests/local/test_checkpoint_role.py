@@ -164,6 +164,8 @@ def cluster(tmp_path, mirror, wheelhouse, endpoint, hf_venv_root):
         "checkpoint_state_dir": str(tmp_path / "state"),
         "checkpoint_hf_venv_root": str(hf_venv_root),
         "checkpoint_python": "/usr/bin/python3",
+        # The host running the tests brings python3-venv itself (Makefile host-deps); no apt here.
+        "checkpoint_os_packages": [],
         "checkpoint_pip_find_links": [str(wheelhouse)],
         "checkpoint_pip_no_index": True,
         "checkpoint_margin_bytes": 1_000_000,
