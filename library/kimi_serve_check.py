@@ -13,17 +13,29 @@ description:
     true and the numbers differ (or nothing was logged).
   - I(kind=ray_status) counts active nodes and the GPU total in I(text) and fails unless they are I(nodes) and
     I(nodes) x I(gpus_per_node), or when Ray lists recent failures.
-  - Pure parsing; changes nothing.
+  - I(kind=group) takes every node's unit state in I(group) and returns C(restart) with the C(reasons): files
+    changed, a unit not active, a headless rank started after rank 0 (restarted alone, it cannot rejoin), or
+    the one-token probe of rank 0 failed (I(probe_ok) false).
+  - Pure judgement; changes nothing.
 options:
   kind:
     description: What I(text) is.
     type: str
     required: true
-    choices: [vllm_log, ray_status]
+    choices: [vllm_log, ray_status, group]
   text:
-    description: The log or the ray status output.
+    description: The log or the ray status output (kinds vllm_log and ray_status).
     type: str
-    required: true
+    default: ''
+  group:
+    description:
+      - Kind group, one entry per node; keys host, unit, serves_api, changed, active_state, started_at
+        (C(systemctl show -p ExecMainStartTimestamp --timestamp=unix), e.g. C(@1795997366)).
+    type: list
+    elements: dict
+  probe_ok:
+    description: Kind group, whether the one-token request to rank 0 succeeded; omitted when not probed.
+    type: bool
   predicted_kv_tokens:
     description: The planner's kv_tokens (kind vllm_log).
     type: int
@@ -62,17 +74,34 @@ ray:
   description: Active nodes, resource totals and failures (kind ray_status).
   returned: kind is ray_status
   type: dict
+restart:
+  description: Whether the whole group must be restarted (kind group).
+  returned: kind is group
+  type: bool
+reasons:
+  description: Why, one line per finding naming the host and unit (kind group).
+  returned: kind is group
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.kimi_serve import compare_kv, parse_ray_status, parse_startup_log, ray_status_problems
+from ansible.module_utils.kimi_serve import (
+    compare_kv,
+    group_restart_reasons,
+    parse_ray_status,
+    parse_startup_log,
+    ray_status_problems,
+)
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "kind": {"type": "str", "required": True, "choices": ["vllm_log", "ray_status"]},
-            "text": {"type": "str", "required": True},
+            "kind": {"type": "str", "required": True, "choices": ["vllm_log", "ray_status", "group"]},
+            "text": {"type": "str", "default": ""},
+            "group": {"type": "list", "elements": "dict"},
+            "probe_ok": {"type": "bool"},
             "predicted_kv_tokens": {"type": "int"},
             "require_match": {"type": "bool", "default": False},
             "nodes": {"type": "int"},
@@ -81,6 +110,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
+    if params["kind"] == "group":
+        reasons = group_restart_reasons(params["group"] or [], params["probe_ok"])
+        module.exit_json(changed=False, restart=bool(reasons), reasons=reasons, msg="; ".join(reasons) or "no restart")
     if params["kind"] == "ray_status":
         status = parse_ray_status(params["text"])
         problems = ray_status_problems(status, params["nodes"] or 0, params["gpus_per_node"] or 0)

@@ -399,3 +399,40 @@ def ray_status_problems(status: dict[str, Any], nodes: int, gpus_per_node: int) 
         )
     problems += [f"ray reports a failure: {line}" for line in status["failures"]]
     return problems
+
+
+def _start_time(node: dict[str, Any]) -> float | None:
+    """The unit's main process start as seconds since the epoch (systemctl show --timestamp=unix: '@N')."""
+    stamp = str(node.get("started_at") or "").strip().lstrip("@")
+    try:
+        return float(stamp) if stamp and float(stamp) > 0 else None
+    except ValueError:
+        return None
+
+
+def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None) -> list[str]:
+    """Why the whole vLLM group must be restarted now; empty when it may keep running.
+
+    `nodes`: one dict per node with host, unit, serves_api, changed, active_state and started_at. A headless
+    rank whose process started after rank 0's was restarted alone (systemd's Restart=, a reboot): it waits for
+    a group that no longer exists while rank 0 keeps answering /health, so start order is judged, not only
+    whether each unit is active. `probe_ok` is the one-token request to rank 0 (None: not probed).
+    """
+    reasons = [f"{n['host']}: files of {n['unit']} changed" for n in nodes if n.get("changed")]
+    reasons += [
+        f"{n['host']}: {n['unit']} is {n.get('active_state') or 'unknown'}"
+        for n in nodes
+        if n.get("unit") and n.get("active_state") != "active"
+    ]
+    api = next((n for n in nodes if n.get("serves_api")), None)
+    api_start = _start_time(api) if api else None
+    if api_start is not None:
+        reasons += [
+            f"{n['host']}: {n['unit']} started after rank 0 ({_start_time(n) - api_start:.0f} s later): "
+            "it was restarted alone and cannot rejoin the running group"
+            for n in nodes
+            if n.get("unit") and not n.get("serves_api") and (_start_time(n) or 0) > api_start
+        ]
+    if probe_ok is False and api is not None:
+        reasons.append(f"{api['host']}: a one-token request to rank 0 failed (the group is not serving)")
+    return reasons

@@ -2,7 +2,7 @@
 golden files; each seed's launch command is reproduced flag for flag; every flag is one the target vLLM
 version knows; every unit passes `systemd-analyze verify`.
 
-Regenerate the golden files after a deliberate change: KIMI_UPDATE_GOLDEN=1 pytest tests/unit/test_serve_render.py
+Regenerate the golden files after a deliberate change: KIMI_UPDATE_GOLDEN=1 pytest tests/local/test_serve_render.py
 """
 
 from __future__ import annotations

@@ -169,3 +169,61 @@ def test_ray_status_counts_nodes_and_gpus():
     assert status["active_nodes"] == 2 and status["resources"]["GPU"] == 16.0 and status["failures"] == []
     assert ray_status_problems(status, 2, 8) == []
     assert ray_status_problems(status, 3, 8)
+
+
+def _node(host, unit, serves_api, started_at, active_state="active", changed=False):
+    return {
+        "host": host,
+        "unit": unit,
+        "serves_api": serves_api,
+        "started_at": started_at,
+        "active_state": active_state,
+        "changed": changed,
+    }
+
+
+def test_a_healthy_group_started_in_order_is_left_running():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "@1000"),
+        _node("node2", "kimi-vllm-headless.service", False, "@990"),
+    ]
+    assert group_restart_reasons(nodes, probe_ok=True) == []
+    assert group_restart_reasons(nodes, probe_ok=None) == []
+
+
+def test_a_headless_rank_restarted_alone_restarts_the_group_naming_it():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "@1000"),
+        _node("node2", "kimi-vllm-headless.service", False, "@1258"),
+    ]
+    (reason,) = group_restart_reasons(nodes, probe_ok=None)
+    assert reason.startswith("node2: kimi-vllm-headless.service started after rank 0 (258 s later)")
+
+
+def test_changed_files_a_down_rank_and_a_failed_probe_are_each_named():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "@1000", changed=True),
+        _node("node2", "kimi-vllm-headless.service", False, "", active_state="activating"),
+    ]
+    reasons = group_restart_reasons(nodes, probe_ok=False)
+    assert reasons == [
+        "node1: files of kimi-vllm.service changed",
+        "node2: kimi-vllm-headless.service is activating",
+        "node1: a one-token request to rank 0 failed (the group is not serving)",
+    ]
+
+
+def test_a_never_started_rank_0_does_not_compare_start_times():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "", active_state="inactive"),
+        _node("node2", "kimi-vllm-headless.service", False, "@5"),
+    ]
+    assert group_restart_reasons(nodes, probe_ok=None) == ["node1: kimi-vllm.service is inactive"]
