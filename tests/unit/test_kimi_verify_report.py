@@ -1,0 +1,194 @@
+"""The verify report: document and verdict, Markdown tables, the printed table, atomic files and latest copies,
+and the module run as Ansible runs it (it writes in check mode too)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from module_utils.kimi_verify_report import (
+    build_report,
+    default_basename,
+    render_markdown,
+    render_table,
+    utc_timestamp,
+    verdict,
+    write_atomic,
+    write_report,
+)
+from tests.unit.ansible_adhoc import run_module
+from tests.unit.test_kimi_png import decode_png
+
+CHECKS = [
+    {"name": "health", "status": "pass", "detail": "HTTP 200 in 3 ms"},
+    {"name": "tool_call", "passed": False, "skipped": False, "detail": "tool calls emitted as text | markers"},
+    {"name": "reasoning", "passed": False, "skipped": True, "detail": "not a thinking model"},
+]
+SUMMARY = {
+    "requests": 4,
+    "concurrency": 2,
+    "max_tokens": 64,
+    "budget_s": 600.0,
+    "sent": 4,
+    "ok": 3,
+    "errors": 1,
+    "not_sent": 0,
+    "error_rate": 0.25,
+    "errors_by_kind": {"HTTP 500": 1},
+    "wall_s": 3.5,
+    "ttft_ms": {"p50": 120.5, "p90": 180.0, "p99": 198.0},
+    "tpot_ms": {"p50": 21.0, "p90": 24.0, "p99": 25.5},
+    "e2e_ms": {"p50": 1500.0, "p90": 1700.0, "p99": 1790.0},
+    "output_tokens": 192,
+    "output_tokens_per_s": 54.86,
+    "output_tokens_per_s_per_request": 40.1,
+}
+RECORDS = [
+    {"index": 0, "ok": True, "ttft_ms": 100.0, "e2e_ms": 1400.0},
+    {"index": 1, "ok": False, "error": "HTTP 500: engine exploded", "error_kind": "HTTP 500"},
+    {"index": 2, "ok": True, "ttft_ms": 120.5, "e2e_ms": 1500.0},
+    {"index": 3, "ok": True, "ttft_ms": 200.0, "e2e_ms": 1800.0},
+]
+BREACH = {"figure": "ttft_ms.p99", "limit": 150, "value": 198.0, "message": "TTFT p99 is 198 ms, over the limit 150 ms"}
+LOADTEST = {"summary": SUMMARY, "records": RECORDS, "breaches": [BREACH]}
+THRESHOLDS = {"ttft_p99_ms": 150, "tpot_p99_ms": None, "e2e_p99_ms": 0, "max_error_rate": 0.5}
+
+
+def report(checks=CHECKS, loadtest=LOADTEST, **extra):
+    settings = {
+        "thresholds": THRESHOLDS,
+        "inputs": {"served_model_name": "kimi-k2"},
+        "facts": {"nodes": 2, "layout": "mp", "ranks": ["node1", "node2"]},
+        "generated_at": "2025-01-31T12:00:00Z",
+    }
+    settings.update(extra)
+    return build_report(checks, loadtest, **settings)
+
+
+def test_timestamps_and_basename_are_utc():
+    moment = datetime(2025, 1, 31, 12, 0, 5, tzinfo=UTC)
+    assert utc_timestamp(moment) == "2025-01-31T12:00:05Z"
+    assert default_basename(moment) == "verify-20250131T120005Z"
+
+
+def test_document_counts_checks_and_fails_on_a_failed_check_or_a_breach():
+    document = report()
+    assert document["checks_summary"] == {"passed": 1, "failed": 1, "skipped": 1}
+    assert [c["status"] for c in document["checks"]] == ["pass", "fail", "skip"]
+    assert document["ok"] is False
+    assert verdict(document) == "FAIL (1 check failed, 1 threshold breached)"
+    passing = [c for c in CHECKS if c["name"] != "tool_call"]
+    assert verdict(report(passing, {**LOADTEST, "breaches": []})) == "PASS"
+    assert verdict(report(passing)) == "FAIL (1 threshold breached)"
+    assert report(passing, None)["ok"] is True  # a skipped check does not fail; no load test, no breach
+
+
+def test_markdown_has_the_checks_latency_thresholds_and_errors_tables():
+    markdown = render_markdown(report(), "verify-x.png")
+    assert markdown.startswith("# Verify report: kimi-k2\n\nResult: **FAIL (1 check failed, 1 threshold breached)**")
+    assert "| check | result | detail |" in markdown
+    assert "| tool_call | fail | tool calls emitted as text \\| markers |" in markdown  # the pipe is escaped
+    assert "| reasoning | skip | not a thinking model |" in markdown
+    assert "| metric | p50 | p90 | p99 |" in markdown
+    assert "| TTFT (ms) | 120.5 | 180 | 198 |" in markdown
+    assert "| TPOT (ms/token) | 21 | 24 | 25.5 |" in markdown
+    assert "| E2E (ms) | 1500 | 1700 | 1790 |" in markdown
+    assert "Throughput: 54.86 output tokens/s overall" in markdown
+    # 0 and None latency limits are no gate and are not listed; the error-rate limit is
+    assert "| ttft_p99_ms | 150 | breached |" in markdown and "| max_error_rate | 0.5 | met |" in markdown
+    assert "e2e_p99_ms" not in markdown and "tpot_p99_ms" not in markdown
+    assert "- TTFT p99 is 198 ms, over the limit 150 ms" in markdown
+    assert "| HTTP 500 | 1 | #1: HTTP 500: engine exploded |" in markdown
+    assert "![TTFT and E2E per request](verify-x.png)" in markdown
+    assert '| ranks | ["node1", "node2"] |' in markdown
+
+
+def test_markdown_without_a_load_test():
+    markdown = render_markdown(report(loadtest=None))
+    assert "## Load test\n\nNot run." in markdown and "![" not in markdown
+
+
+def test_printed_table_is_fixed_width_and_clipped():
+    long_detail = {"name": "models", "status": "fail", "detail": "x" * 300}
+    lines = render_table(report([*CHECKS, long_detail]), width=100)
+    assert lines[0] == "verify kimi-k2: FAIL (2 checks failed, 1 threshold breached)"
+    assert lines[1] == "check      result  detail"
+    assert lines[3] == "tool_call  fail    tool calls emitted as text | markers"
+    assert all(len(line) <= 100 for line in lines)
+    assert lines[5].endswith("...")
+    assert "TTFT (ms)            120.5       180       198" in lines
+    assert "load test: 4 requests at concurrency 2, max_tokens 64: 3 ok, 1 failed, 0 not sent, 3.5 s" in lines
+    assert "errors: HTTP 500 x1" in lines
+    assert lines[-1] == "breach: TTFT p99 is 198 ms, over the limit 150 ms"
+    assert render_table(report(loadtest=None))[-1] == "load test: not run"
+
+
+def test_written_files_and_latest_copies(tmp_path):
+    paths = write_report(report(), tmp_path, "verify-20250131T120000Z")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "verify-20250131T120000Z.json",
+        "verify-20250131T120000Z.md",
+        "verify-20250131T120000Z.png",
+        "verify-latest.json",
+        "verify-latest.md",
+        "verify-latest.png",
+    ]  # no temporary files left behind
+    written = json.loads((tmp_path / "verify-20250131T120000Z.json").read_text())
+    assert written["loadtest"]["records"] == RECORDS and written["facts"]["nodes"] == 2
+    assert written["files"]["png"] == "verify-20250131T120000Z.png"
+    for suffix in ("json", "md", "png"):
+        dated = tmp_path / f"verify-20250131T120000Z.{suffix}"
+        latest = tmp_path / f"verify-latest.{suffix}"
+        assert latest.read_bytes() == dated.read_bytes() and not latest.is_symlink()
+    decode_png((tmp_path / "verify-latest.png").read_bytes())
+    assert paths["latest_markdown"] == str(tmp_path / "verify-latest.md")
+
+
+def test_a_report_without_a_load_test_removes_the_stale_latest_chart(tmp_path):
+    write_report(report(), tmp_path, "verify-1")
+    paths = write_report(report(loadtest=None), tmp_path, "verify-2")
+    assert "png" not in paths and not (tmp_path / "verify-latest.png").exists()
+    assert (tmp_path / "verify-1.png").exists()  # older dated reports are kept
+    assert json.loads((tmp_path / "verify-latest.json").read_text())["loadtest"] is None
+
+
+def test_no_latest_copies_and_bad_names(tmp_path):
+    write_report(report(), tmp_path, "verify-1", latest_basename="")
+    assert not list(tmp_path.glob("verify-latest*"))
+    for bad in ("", "../escape", ".hidden"):
+        with pytest.raises(ValueError):
+            write_report(report(), tmp_path, bad)
+    with pytest.raises(ValueError):
+        write_report(report(), tmp_path, "verify-latest")
+
+
+def test_atomic_write_replaces_and_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "a.json"
+    target.write_text("old")
+    write_atomic(target, b"new")
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    with pytest.raises(OSError):
+        write_atomic(tmp_path / "missing-dir" / "b.json", b"x")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_module_writes_even_in_check_mode_and_returns_the_table(tmp_path):
+    args = {
+        "checks": CHECKS,
+        "loadtest": {**LOADTEST, "thresholds": THRESHOLDS},
+        "inputs": {"served_model_name": "kimi-k2"},
+        "facts": {"nodes": 2},
+        "report_dir": str(tmp_path / "artifacts"),
+        "basename": "verify-test",
+    }
+    ok, result = run_module(tmp_path, "kimi_verify_report", args, check=True)
+    assert ok and result["changed"] is True
+    assert result["ok"] is False and result["verdict"] == "FAIL (1 check failed, 1 threshold breached)"
+    assert result["table"][0] == "verify kimi-k2: FAIL (1 check failed, 1 threshold breached)"
+    assert result["table"][-1] == f"report: {tmp_path / 'artifacts' / 'verify-test.md'}"
+    written = json.loads((tmp_path / "artifacts" / "verify-latest.json").read_text())
+    assert written["loadtest"]["thresholds"] == THRESHOLDS  # taken from the load test result
+    assert written["generated_at"].endswith("Z")
+    assert set(result["paths"]) == {"json", "markdown", "png", "latest_json", "latest_markdown", "latest_png"}
