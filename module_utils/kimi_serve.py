@@ -353,7 +353,9 @@ def compare_kv(logged: dict[str, Any], predicted_tokens: int | None) -> dict[str
 
 # ------------------------------------------------------------------------------------------ ray status
 
-_RAY_SECTION = re.compile(r"^(Active|Pending|Recent failures|Usage|Demands):\s*$")
+_RAY_SECTION = re.compile(
+    r"^(Active|Pending|Recent failures|Usage|Demands|Pending Demands|From request_resources):\s*$"
+)
 # Top-level headings of `ray status` (no colon); they end the section above them.
 _RAY_HEADINGS = ("Node status", "Resources", "Constraints")
 _RAY_RESOURCE = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+(\w+)")
@@ -366,7 +368,8 @@ def parse_ray_status(text: str) -> dict[str, Any]:
     totals: dict[str, float] = {}
     failures: list[str] = []
     for line in text.splitlines():
-        header = _RAY_SECTION.match(line.strip())
+        # Ray 2.4x and later head the totals "Total Usage:" (older: "Usage:").
+        header = _RAY_SECTION.match(line.strip().removeprefix("Total "))
         if header:
             section = header.group(1)
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -227,3 +228,14 @@ def test_a_never_started_rank_0_does_not_compare_start_times():
         _node("node2", "kimi-vllm-headless.service", False, "@5"),
     ]
     assert group_restart_reasons(nodes, probe_ok=None) == ["node1: kimi-vllm.service is inactive"]
+
+
+def test_ray_2_60_status_from_the_lab_counts_both_nodes_and_gpus():
+    from module_utils.kimi_serve import parse_ray_status, ray_status_problems
+
+    text = (Path(__file__).resolve().parent.parent / "fixtures/serve/ray/status-2.60.0-lab.txt").read_text()
+    status = parse_ray_status(text)
+    assert status["active_nodes"] == 2
+    assert status["resources"]["GPU"] == 2.0
+    assert ray_status_problems(status, 2, 1) == []
+    assert ray_status_problems(status, 2, 8) == ["ray status shows 2 GPU(s), expected 2 x 8 = 16"]
