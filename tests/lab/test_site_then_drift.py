@@ -1,0 +1,104 @@
+"""playbooks/drift.yml against the real, serving lab: clean after a converge, every injected drift named with
+its host, and clean again after site.yml. Nothing on the nodes may change while drift.yml runs.
+
+Six kinds of drift are injected at once, each at its own host/kind pair (a unit edited on node2, the NCCL
+environment file edited on node1, node2's checkpoint marker changed, a libnccl2 installed by hand on node2, a
+held package unheld on node1, the headless rank stopped), and each finding is asserted on its own with its
+host; one drift run keeps the lab layer inside CI's time (a drift run is a check-mode converge). site.yml
+repairs all of them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.ansible_run import REPO_ROOT, run_playbook
+
+pytestmark = pytest.mark.lab
+
+SITE = REPO_ROOT / "site.yml"
+DRIFT = REPO_ROOT / "playbooks" / "drift.yml"
+LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
+REPORT_TASK = "Write the drift report on the controller"
+NCCL_PIN = "2.30.7-1+cuda13.3"
+OTHER_NCCL = "2.30.5-1+cuda13.3"
+MARKER = "/data/models/lab-mini/.kimi-checkpoint.json"
+
+
+def run(playbook, **kwargs):
+    started = time.monotonic()
+    result = run_playbook(playbook, LAB_INVENTORY, **kwargs)
+    print(f"{playbook.name} {kwargs} -> rc {result.rc} in {time.monotonic() - started:.1f} s")
+    return result
+
+
+def drift():
+    result = run(DRIFT)
+    assert result.changed == 0, f"drift.yml changed something: {result.stats.get('changed')}"
+    (report,) = result.results_of(REPORT_TASK).values()
+    return result, report
+
+
+def on_node(lab, node: str, command: str) -> str:
+    proc = lab.ssh(node, command)
+    assert proc.returncode == 0, f"{node}: {command}: {proc.stderr}"
+    return proc.stdout
+
+
+def assert_named(messages: list[str], host: str, kind: str, *fragments: str) -> None:
+    wanted = f"{host}: {kind}: "
+    if not any(m.startswith(wanted) and all(f in m for f in fragments) for m in messages):
+        raise AssertionError(f"no '{wanted}...{' ... '.join(fragments)}' among:\n" + "\n".join(messages))
+
+
+@pytest.fixture(scope="module")
+def serving(lab_controller):
+    lab_controller.ensure_up(2)
+    result = run(SITE)
+    assert result.rc == 0, result.failure_messages()
+    return lab_controller
+
+
+def test_drift_is_clean_right_after_a_converge(serving):
+    result, report = drift()
+    assert result.rc == 0, report["messages"]
+    assert report["drifted"] is False
+    assert report["report_paths"]["markdown"].endswith(".md")
+
+
+def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(serving):
+    marker = on_node(serving, "node2", f"cat {MARKER}")
+    on_node(serving, "node2", "echo '# edited by hand' >> /etc/systemd/system/kimi-vllm-headless.service")
+    on_node(serving, "node1", "echo NCCL_DEBUG=TRACE >> /etc/kimi/nccl.env")
+    on_node(serving, "node2", f'sed -i \'s/"revision": "[0-9a-f]*"/"revision": "{"0" * 40}"/\' {MARKER}')
+    assert on_node(serving, "node2", f"cat {MARKER}") != marker
+    on_node(
+        serving,
+        "node2",
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-change-held-packages --allow-downgrades "
+        f"libnccl2={OTHER_NCCL} libnccl-dev={OTHER_NCCL}",
+    )
+    on_node(serving, "node1", "apt-mark unhold cuda-toolkit-13-3")
+    on_node(serving, "node2", "systemctl stop kimi-vllm-headless.service")
+
+    result, report = drift()
+    assert result.rc != 0
+    messages = report["messages"]
+    assert_named(messages, "node2", "edited", "edited by hand", "kimi-vllm-headless.service (unit file)")
+    assert_named(messages, "node1", "edited", "edited by hand", "/etc/kimi/nccl.env (environment file)")
+    assert_named(messages, "node2", "checkpoint", "marker does not match the pin", "0" * 40)
+    assert_named(messages, "node2", "version", "libnccl2", OTHER_NCCL, NCCL_PIN)
+    assert_named(messages, "node1", "hold", "cuda-toolkit-13-3")
+    assert_named(messages, "node2", "service", "kimi-vllm-headless.service")
+    # drift.yml only read: every injected change is still there.
+    assert "# edited by hand" in on_node(serving, "node2", "cat /etc/systemd/system/kimi-vllm-headless.service")
+    assert "NCCL_DEBUG=TRACE" in on_node(serving, "node1", "cat /etc/kimi/nccl.env")
+    assert OTHER_NCCL in on_node(serving, "node2", "dpkg-query -W -f='${Version}' libnccl2")
+    assert on_node(serving, "node2", "systemctl is-active kimi-vllm-headless.service || true").strip() != "active"
+
+    repaired = run(SITE)
+    assert repaired.rc == 0, repaired.failure_messages()
+    result, report = drift()
+    assert result.rc == 0, report["messages"]
