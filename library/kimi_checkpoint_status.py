@@ -14,21 +14,37 @@ description:
     verification recorded as bad.
   - C(start) starts the download script detached from Ansible (a transient systemd unit, or a new session with
     nohup semantics) unless the job recorded in the pid file is still running, in which case it attaches.
-  - C(progress) reports bytes on disk (finished files plus hf's partial files) and the job's state.
+  - C(progress) reports bytes on disk (finished files plus hf's partial files) and the job's state; with
+    I(wait) it first blocks on the node up to that many seconds, answering as soon as the job ends.
+  - C(stop) stops the job (its process group: the script and hf; SIGTERM, then SIGKILL) and says why in a
+    message naming the host, the bytes on disk and the seconds without progress; C(wait) uses it when the
+    download stalled.
   - C(verify) checks every listed file's size, and its sha256 or git blob id where the Hub gave one; bad files
     are recorded so the next C(plan) with I(repair) deletes them.
 options:
   mode:
     description: >-
       What to do. C(wait) is handled by the role's action plugin of the same name: it polls C(progress) every
-      I(interval) seconds, printing a line per poll, until the job ends or I(timeout) seconds passed.
+      I(interval) seconds, printing a line per poll, until the job ends or I(timeout) seconds passed, and
+      stops the job (C(stop)) when the bytes on disk did not grow for I(stall_timeout) seconds.
     type: str
     required: true
-    choices: [marker, plan, start, progress, wait, verify]
+    choices: [marker, plan, start, progress, wait, stop, verify]
   host: {description: Host name the progress line starts with., type: str, default: ""}
   previous_time: {description: Time of an earlier progress sample (for the rate)., type: float}
   previous_bytes: {description: Bytes on disk at that sample., type: int}
   interval: {description: Seconds between polls (wait)., type: float, default: 30}
+  wait:
+    description: >-
+      progress - seconds to block on the node before answering, returning at once when the job ends (the
+      plugin's polls, so the end of the download is seen when it happens, not at the next poll).
+    type: float
+    default: 0
+  stall_timeout:
+    description: wait - stop the job when the bytes on disk did not grow for this many seconds; 0 = never.
+    type: float
+    default: 0
+  stalled_seconds: {description: stop - seconds the download went without new bytes (for the message)., type: float}
   timeout:
     description: Seconds wait polls before it returns with the job still running; 0 = no limit.
     type: float
@@ -68,11 +84,19 @@ running: {description: The download job is alive (plan, start, progress)., type:
 attached: {description: start found the job running and did not start another., type: bool}
 bytes_on_disk: {description: Finished plus partial bytes (progress)., type: int}
 exit_status: {description: The job's exit status once it ended (progress); null while running or unknown., type: int}
+log_error: {description: The log's last error line once the job ended (progress); null if none., type: str}
+stalled: {description: wait stopped the job because the bytes on disk stopped growing., type: bool}
+stall_message:
+  description: Why the job was stopped - host, seconds without new bytes, bytes on disk (stop, wait).
+  type: str
 problems: {description: One line per bad file (verify)., type: list}
 """
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -82,17 +106,24 @@ from ansible.module_utils.kimi_checkpoint import (
     RepoFile,
     bad_paths,
     disk_shortfall,
+    error_line,
     existing_ancestor,
     marker_matches,
     plan,
     progress_line,
     rate,
     read_marker,
+    stall_message,
     verify,
 )
 
 PID_FILE, RC_FILE, LOG_FILE, BAD_FILE = "download.pid", "download.rc", "download.log", "bad-files.json"
 HF_PARTIAL_DIR = Path(".cache") / "huggingface" / "download"
+# How often a blocking progress call looks whether the job is still alive: two small reads, so the end of a
+# download is seen within this, at no cost worth counting.
+END_CHECK_SECONDS = 0.2
+# Seconds the job gets to exit on SIGTERM before its process group is killed.
+STOP_GRACE_SECONDS = 10.0
 
 
 def repo_files(params: dict) -> list[RepoFile]:
@@ -221,7 +252,76 @@ def run_plan(module: AnsibleModule, directory: Path, state_dir: Path | None) -> 
     }
 
 
+def wait_for_end(state_dir: Path, script: str | None, seconds: float) -> None:
+    """Block up to `seconds`, returning as soon as the job is no longer alive."""
+    deadline = time.monotonic() + seconds
+    while job_pid(state_dir, script) is not None and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(END_CHECK_SECONDS, left))
+
+
+def signal_job(pid: int, sig: int) -> None:
+    """`sig` to the job: its whole process group when it leads one (both launchers start it as a session
+    leader, so hf is in it), else the script and its direct children."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+            return
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except (OSError, ValueError):
+        children = []
+    for target in [pid, *(int(child) for child in children)]:
+        with contextlib.suppress(OSError):
+            os.kill(target, sig)
+
+
+def group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def stop_job(pid: int, state_dir: Path, script: str | None) -> None:
+    """SIGTERM, then SIGKILL after STOP_GRACE_SECONDS to whatever of the job is still there."""
+    signal_job(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while (job_pid(state_dir, script) is not None or group_alive(pid)) and time.monotonic() < deadline:
+        time.sleep(END_CHECK_SECONDS)
+    if job_pid(state_dir, script) is not None or group_alive(pid):
+        signal_job(pid, signal.SIGKILL)
+
+
+def stop(module: AnsibleModule, directory: Path, state_dir: Path) -> dict:
+    """Stop a stalled job; the message records the bytes on disk as they were when it was stopped."""
+    params = module.params
+    seen = progress({**params, "wait": 0}, directory, state_dir)
+    pid = job_pid(state_dir, params["script"])
+    message = stall_message(
+        params["host"] or "node",
+        params["stalled_seconds"] or 0.0,
+        seen["bytes_on_disk"],
+        seen["total_bytes"],
+        params["stall_timeout"],
+        pid,
+    )
+    if pid is not None and not module.check_mode:
+        stop_job(pid, state_dir, params["script"])
+        with (state_dir / LOG_FILE).open("a") as log:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} stopped by the role: {message}\n")
+    return {
+        "changed": pid is not None,
+        "stopped": pid is not None,
+        "pid": pid,
+        "bytes_on_disk": seen["bytes_on_disk"],
+        "total_bytes": seen["total_bytes"],
+        "stall_message": message,
+    }
+
+
 def progress(params: dict, directory: Path, state_dir: Path) -> dict:
+    if params["wait"]:
+        wait_for_end(state_dir, params["script"], params["wait"])
     files = repo_files(params)
     total = sum(f.size for f in files)
     # Finished files count at their listed size at most, so a file being replaced never counts twice.
@@ -232,6 +332,8 @@ def progress(params: dict, directory: Path, state_dir: Path) -> dict:
     if params["previous_time"] is not None and params["previous_bytes"] is not None:
         previous = (params["previous_time"], params["previous_bytes"])
     running = job_pid(state_dir, params["script"]) is not None
+    # hf ends a failure with a traceback: its last line says what happened, the lines above mostly where.
+    tail = [] if running else log_tail(state_dir, 60)
     return {
         "changed": False,
         "running": running,
@@ -240,7 +342,8 @@ def progress(params: dict, directory: Path, state_dir: Path) -> dict:
         "total_bytes": total,
         "time": now,
         "line": progress_line(params["host"] or "node", done, total, rate(previous, (now, done))),
-        "log_tail": [] if running else log_tail(state_dir),
+        "log_tail": tail[-15:],
+        "log_error": error_line(tail),
     }
 
 
@@ -250,12 +353,15 @@ def main() -> None:
             "mode": {
                 "type": "str",
                 "required": True,
-                "choices": ["marker", "plan", "start", "progress", "wait", "verify"],
+                "choices": ["marker", "plan", "start", "progress", "wait", "stop", "verify"],
             },
             "host": {"type": "str", "default": ""},
             "previous_time": {"type": "float"},
             "previous_bytes": {"type": "int"},
             "interval": {"type": "float", "default": 30},
+            "wait": {"type": "float", "default": 0},
+            "stall_timeout": {"type": "float", "default": 0},
+            "stalled_seconds": {"type": "float"},
             "timeout": {"type": "float", "default": 0},
             "dir": {"type": "path", "required": True},
             "marker": {"type": "str", "default": ".kimi-checkpoint.json"},
@@ -285,7 +391,7 @@ def main() -> None:
             marker = None
         matches = marker_matches(marker, params["repo_id"], params["revision"], params["include"], params["exclude"])
         module.exit_json(changed=False, marker=marker, matches=matches)
-    if mode in ("start", "progress") and state_dir is None:
+    if mode in ("start", "progress", "wait", "stop") and state_dir is None:
         module.fail_json(msg=f"mode {mode} needs state_dir")
     if mode == "plan":
         module.exit_json(**run_plan(module, directory, state_dir))
@@ -293,6 +399,8 @@ def main() -> None:
         module.exit_json(**start(module, state_dir))
     if mode in ("progress", "wait"):
         module.exit_json(**progress(params, directory, state_dir))
+    if mode == "stop":
+        module.exit_json(**stop(module, directory, state_dir))
     problems = verify(directory, repo_files(params), params["checksums"])
     if problems and state_dir is not None and not module.check_mode:
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -150,6 +150,32 @@ def rate(previous: tuple[float, int] | None, now: tuple[float, int]) -> float | 
     return max(now[1] - previous[1], 0) / (now[0] - previous[0])
 
 
+# The line of a log that states what went wrong: a Python exception ending a traceback ("httpx2.ReadTimeout:
+# timed out", "huggingface_hub.errors.RepositoryNotFoundError: ...") or a CLI's own "Error: ..." line.
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Timeout)\b|Error\b)")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def error_line(lines: list[str]) -> str | None:
+    """The last line of a log that states an error, for a one-line failure message; None when there is none."""
+    for line in reversed(lines):
+        text = ANSI_ESCAPE.sub("", line).strip()
+        if ERROR_LINE.match(text):
+            return text
+    return None
+
+
+def stall_message(host: str, seconds: float, done: int, total: int, timeout: float, pid: int | None) -> str:
+    """Why a download that stopped getting bytes was stopped: host, the seconds without growth, bytes so far."""
+    percent = 100.0 * done / total if total else 100.0
+    job = f"the hf job (pid {pid})" if pid is not None else "the hf job"
+    return (
+        f"{host}: the download stalled: no new bytes on disk for {seconds:.0f} s (checkpoint_stall_timeout "
+        f"{timeout:g} s) with {done} bytes ({human_bytes(done)}, {percent:.1f}%) of {total} on disk; stopped {job}, "
+        f"nothing is marked done"
+    )
+
+
 # ------------------------------------------------------------------------------------------- verification
 
 

@@ -1,6 +1,6 @@
 """The checkpoint role run for real through ansible-runner on this host (local connection) against the lab's
 olah mirror, started here on loopback behind a small throttling proxy (so a download can be made slow enough
-to show progress lines, and to be killed mid-way).
+to show progress lines, be killed mid-way, or be cut off like a network that stops passing packets).
 
 Needs root (the role chowns) and the lab's Hugging Face mirror and wheelhouse built in the lab cache; skipped,
 saying so, otherwise. olah and the proxy are this test's own processes, stopped by PID.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -42,10 +44,45 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-class Throttle:
-    """Bytes per second the proxy passes file bodies at; None: unthrottled."""
+# How long the proxy holds a connection of a cut network at most (the tests heal it well before).
+HOLD_SECONDS = 300
 
-    rate: float | None = None
+
+class Throttle:
+    """How the proxy passes file bodies: at `rate` bytes per second (None: unthrottled) and, after stall(), like
+    a cut network once `after_bytes` more body bytes have passed (over all connections): every connection stays
+    open and gets nothing more, new requests get no answer, until heal(); then the held connections close."""
+
+    def __init__(self) -> None:
+        self.rate: float | None = None
+        self.held = 0  # requests and bodies the cut has held (proof that it happened)
+        self._limit: int | None = None
+        self._passed = 0
+        self._cut = False
+        self._lock = threading.Lock()
+        self._healed = threading.Event()
+        self._healed.set()
+
+    def stall(self, after_bytes: int) -> None:
+        with self._lock:
+            self._limit, self._passed, self._cut, self.held = after_bytes, 0, False, 0
+            self._healed.clear()
+
+    def heal(self) -> None:
+        with self._lock:
+            self._limit, self._cut = None, False
+            self._healed.set()
+
+    def passes(self, size: int) -> bool:
+        """True when `size` more bytes may go; False, after holding until healed, once the network is cut."""
+        with self._lock:
+            if not self._cut and (self._limit is None or self._passed + size <= self._limit):
+                self._passed += size
+                return True
+            self._cut = True
+            self.held += 1
+        self._healed.wait(timeout=HOLD_SECONDS)
+        return False
 
 
 def proxy_handler(upstream_port: int, throttle: Throttle) -> type[http.server.BaseHTTPRequestHandler]:
@@ -56,6 +93,9 @@ def proxy_handler(upstream_port: int, throttle: Throttle) -> type[http.server.Ba
             pass
 
         def forward(self, body: bool) -> None:
+            if not throttle.passes(0):  # a request sent into a cut network: no answer, then gone
+                self.close_connection = True
+                return
             connection = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
             try:
@@ -72,12 +112,21 @@ def proxy_handler(upstream_port: int, throttle: Throttle) -> type[http.server.Ba
             length = answer.getheader("content-length") if not body else str(len(payload))
             self.send_header("Content-Length", length or str(len(payload)))
             self.end_headers()
-            if body:
-                for start in range(0, len(payload), 65536):
-                    if throttle.rate:
-                        time.sleep(65536 / throttle.rate)
-                    self.wfile.write(payload[start : start + 65536])
             connection.close()
+            if not body:
+                return
+            for start in range(0, len(payload), 65536):
+                chunk = payload[start : start + 65536]
+                if throttle.rate:
+                    time.sleep(len(chunk) / throttle.rate)
+                if not throttle.passes(len(chunk)):
+                    self.close_connection = True  # cut mid-body: the rest never comes
+                    return
+                try:
+                    self.wfile.write(chunk)
+                except OSError:  # the client gave up (its job was stopped)
+                    self.close_connection = True
+                    return
 
         def do_GET(self) -> None:
             self.forward(body=True)
@@ -135,6 +184,7 @@ def endpoint(mirror, tmp_path_factory) -> Iterator[tuple[str, Throttle]]:
                 time.sleep(0.5)
         yield url, throttle
     finally:
+        throttle.heal()  # lets the held connections go
         proxy.shutdown()
         os.killpg(olah.pid, signal.SIGTERM)
         try:
@@ -153,6 +203,7 @@ def hf_venv_root(tmp_path_factory) -> Path:
 def cluster(tmp_path, mirror, wheelhouse, endpoint, hf_venv_root):
     url, throttle = endpoint
     throttle.rate = None
+    throttle.heal()
     layout = {
         "ansible_connection": "local",
         "ansible_python_interpreter": str(REPO_ROOT / ".venv" / "bin" / "python"),
@@ -172,18 +223,58 @@ def cluster(tmp_path, mirror, wheelhouse, endpoint, hf_venv_root):
         "checkpoint_progress_interval": 1,
         "checkpoint_launcher": "nohup",
     }
-    inventory = {"all": {"children": {"kimi_nodes": {"hosts": {"n1": {}}, "vars": layout}}}}
-    path = tmp_path / "hosts.yml"
-    path.write_text(yaml.safe_dump(inventory, sort_keys=False))
 
-    def run(**extravars):
-        return run_playbook(PLAYBOOK, path, extravars=extravars, timeout=600)
+    def inventory(name: str, hosts: dict[str, dict], **group_vars) -> Path:
+        """An inventory of `hosts` (name -> host vars), all with the layout above plus `group_vars`."""
+        data = {"all": {"children": {"kimi_nodes": {"hosts": hosts, "vars": {**layout, **group_vars}}}}}
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
 
-    return {"run": run, "dir": Path(layout["checkpoint_dir"]), "state": tmp_path / "state", "throttle": throttle}
+    default = inventory("hosts.yml", {"n1": {}})
+
+    def run(inventory: Path = default, envvars: dict[str, str] | None = None, **extravars):
+        return run_playbook(PLAYBOOK, inventory, extravars=extravars, envvars=envvars, timeout=600)
+
+    return {
+        "run": run,
+        "inventory": inventory,
+        "dir": Path(layout["checkpoint_dir"]),
+        "state": tmp_path / "state",
+        "throttle": throttle,
+        "tmp": tmp_path,
+    }
 
 
 def all_output(result) -> str:
     return "\n".join(str(e.get("stdout", "")) + str(e.get("event_data", {}).get("res", "")) for e in result.events)
+
+
+def task_events(result, task: str) -> dict[str, dict]:
+    """Each host's final event (ok, changed, failed or skipped) of the task with this name."""
+    found = {}
+    for event in result.events:
+        data = event.get("event_data", {})
+        if event.get("event", "").startswith("runner_on_") and data.get("task") == task:
+            found[data["host"]] = event
+    return found
+
+
+def bytes_on_disk(directory: Path, mirror: dict) -> int:
+    """What the role counts as downloaded: listed files (at most their listed size) plus hf's partial files."""
+    finished = sum(min((directory / n).stat().st_size, size) for n, size in mirror["files"].items()
+                   if (directory / n).is_file())  # fmt: skip
+    partial_dir = directory / ".cache" / "huggingface" / "download"
+    partial = sum(p.stat().st_size for p in partial_dir.rglob("*.incomplete")) if partial_dir.is_dir() else 0
+    return finished + partial
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_downloads_verifies_marks_and_a_second_run_changes_nothing(cluster, mirror):
@@ -267,3 +358,127 @@ def test_check_mode_with_diff_writes_no_checkpoint(cluster):
     result = run_playbook(PLAYBOOK, cluster["dir"].parents[2] / "hosts.yml", check=True, diff=True, timeout=600)
     assert result.rc == 0, result.failure_messages()
     assert not cluster["dir"].exists() or not any(cluster["dir"].iterdir())
+
+
+START_TASK = "Start the download detached from this connection, or attach to the one running"
+WAIT_TASK = "Wait for the downloading node's marker (shared storage)"
+MARKER_TASK = "Write the marker (repository, commit, file count, bytes, verification time)"
+VERIFY_TASK = "Verify every file (size, and sha256 or git blob id where the Hub gives one)"
+READ_MARKER_TASK = "Read the marker (the checkpoint directory is not listed)"
+
+
+PROGRESS_TASK = "Report progress until the download ends"
+
+
+# linear (the playbook's): each task runs on every host before the next, so n2's wait comes after n1's marker
+# task. free: n2 runs ahead and really waits while n1 downloads.
+@pytest.mark.parametrize("strategy", ["linear", "free"])
+def test_shared_storage_one_node_downloads_the_other_waits_for_its_marker_and_verifies(cluster, mirror, strategy):
+    # Two nodes on one filesystem: the same checkpoint_dir (the tmp directory stands for the NFS mount), each
+    # with its own node-local state directory.
+    states = {name: cluster["tmp"] / f"state-{name}" for name in ("n1", "n2")}
+    hosts = {name: {"checkpoint_state_dir": str(path)} for name, path in states.items()}
+    # The kimi role checks that the parallel layout covers the nodes: one pipeline stage per node.
+    shared = cluster["inventory"](
+        "shared.yml", hosts, kimi_pipeline_parallel_size=2, checkpoint_shared_storage=True,
+        checkpoint_shared_wait_timeout=120,
+    )  # fmt: skip
+
+    if strategy == "linear":
+        # The downloading node fails: the other says so at once, not after waiting for a marker that cannot come.
+        refused = cluster["run"](shared, checkpoint_margin_bytes=10**18)
+        messages = {f["host"]: f["msg"] for f in refused.failures}
+        assert set(messages) == {"n1", "n2"}, refused.failure_messages()
+        assert messages["n1"].startswith("n1: not enough free space"), messages["n1"]
+        assert messages["n2"].startswith("n2: n1 downloads the checkpoint into the shared"), messages["n2"]
+    else:
+        cluster["throttle"].rate = 2_000_000  # n1's download lasts seconds: n2 gets to its wait meanwhile
+
+    first = cluster["run"](shared, envvars={"ANSIBLE_STRATEGY": strategy})
+    assert first.rc == 0, first.failure_messages()
+    # Exactly one hf download: n1 started it and watched it; n2 started none and has no job state at all.
+    starts = task_events(first, START_TASK)
+    assert {host: event["event"] for host, event in starts.items()} == {"n1": "runner_on_ok"}
+    assert starts["n1"]["event_data"]["res"]["attached"] is False
+    log = (states["n1"] / "download.log").read_text()
+    assert log.count(" start ") == 1 and "hf download exited with 0" in log, log
+    job_files = ("download.log", "download.pid", "download.rc", "kimi-checkpoint-download.sh", "download.env")
+    assert not [name for name in job_files if (states["n2"] / name).exists()]
+    lines = [str(e["stdout"]).strip() for e in first.events if PROGRESS.search(str(e.get("stdout", "")))]
+    assert lines and all(line.startswith("n1: ") for line in lines), lines
+    # n2 waited for the marker, and only after n1 had written it did it verify the shared files itself.
+    waits, marks, verifies = (task_events(first, task) for task in (WAIT_TASK, MARKER_TASK, VERIFY_TASK))
+    assert waits["n2"]["event"] == "runner_on_ok" and waits.get("n1", {}).get("event") != "runner_on_ok"
+    assert marks["n1"]["event"] == "runner_on_ok" and marks.get("n2", {}).get("event") != "runner_on_ok"
+    assert {host: (e["event"], e["event_data"]["res"]["ok"]) for host, e in verifies.items()} == {
+        "n1": ("runner_on_ok", True),
+        "n2": ("runner_on_ok", True),
+    }
+
+    def at(event: dict, edge: str) -> datetime:
+        return datetime.fromisoformat(event["event_data"][edge])
+
+    if strategy == "linear":
+        assert at(marks["n1"], "end") <= at(waits["n2"], "start")
+    else:
+        (watched,) = task_events(first, PROGRESS_TASK).values()
+        assert at(waits["n2"], "start") < at(watched, "end"), "n2 did not wait while n1 downloaded"
+        assert at(marks["n1"], "end") <= at(waits["n2"], "end") and waits["n2"]["event_data"]["res"]["elapsed"] >= 1
+    assert at(waits["n2"], "end") <= at(verifies["n2"], "start")
+    for name, size in mirror["files"].items():
+        assert (cluster["dir"] / name).stat().st_size == size
+    marker = json.loads((cluster["dir"] / ".kimi-checkpoint.json").read_text())
+    assert marker["revision"] == mirror["revision"] and marker["total_bytes"] == mirror["total_bytes"]
+
+    second = cluster["run"](shared, envvars={"ANSIBLE_STRATEGY": strategy})
+    assert second.rc == 0 and second.changed == 0, second.stats
+    read = task_events(second, READ_MARKER_TASK)
+    assert {host: e["event_data"]["res"]["matches"] for host, e in read.items()} == {"n1": True, "n2": True}
+
+
+# hf's own bound on a cut: its read timeout (HF_HUB_DOWNLOAD_TIMEOUT, 10 s by default), retried 5 times while
+# no byte comes. The role's bound: checkpoint_stall_timeout, for what hf's timeout does not end. Each case
+# disables the other bound (hf's by a read timeout far beyond the test) so the one named is what ends it.
+CUTS = [
+    pytest.param(
+        {"checkpoint_stall_timeout": 3, "checkpoint_hf_environment": {"HF_HUB_DOWNLOAD_TIMEOUT": "600"}},
+        r"^n1: the download stalled: no new bytes on disk for (\d+) s \(checkpoint_stall_timeout 3 s\) with (\d+)"
+        r" bytes .* on disk; stopped the hf job \(pid \d+\), nothing is marked done\. Check the network path to ",
+        id="role-stall-timeout",
+    ),
+    pytest.param(
+        {"checkpoint_stall_timeout": 0, "checkpoint_hf_environment": {"HF_HUB_DOWNLOAD_TIMEOUT": "1"}},
+        # One line saying what happened, not hf's traceback.
+        r"^n1: hf download of \S+ at [0-9a-f]{40} exited with 1: \S*Timeout: timed out \(its log: \S+/download\.log\)$",
+        id="hf-read-timeout",
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "expected"), CUTS)
+def test_a_network_cut_mid_download_fails_clearly_marks_nothing_and_once_healed_the_next_run_finishes(
+    cluster, mirror, settings, expected
+):
+    throttle = cluster["throttle"]
+    throttle.stall(after_bytes=2_000_000)  # inside model.safetensors (8.5 MB): the cut comes mid-body
+    cut = cluster["run"](**settings)
+    assert throttle.held > 0, "the proxy never cut the download"
+    (failure,) = cut.failures
+    found = re.search(expected, failure["msg"])
+    assert found, failure["msg"]
+    if settings["checkpoint_stall_timeout"]:
+        assert int(found.group(1)) >= 3
+        assert int(found.group(2)) == bytes_on_disk(cluster["dir"], mirror), "the message misstates the bytes"
+        assert "stopped by the role" in (cluster["state"] / "download.log").read_text()
+    assert not alive(int((cluster["state"] / "download.pid").read_text())), "the job outlived the failed run"
+    assert not (cluster["dir"] / ".kimi-checkpoint.json").exists(), "marked done after a cut"
+    assert not (cluster["dir"] / "model.safetensors").exists(), "the cut file was finished anyway"
+
+    throttle.heal()
+    healed = cluster["run"]()
+    assert healed.rc == 0, healed.failure_messages()
+    (verified,) = healed.results_of(VERIFY_TASK).values()
+    assert verified["ok"] is True and verified["problems"] == []
+    for name, size in mirror["files"].items():
+        assert (cluster["dir"] / name).stat().st_size == size
+    assert (cluster["dir"] / ".kimi-checkpoint.json").exists()

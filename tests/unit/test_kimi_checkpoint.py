@@ -82,6 +82,31 @@ def test_rate_needs_an_earlier_sample():
     assert ck.rate((10.0, 100), (12.0, 300)) == 100.0
 
 
+def test_stall_message_names_host_seconds_and_bytes_so_far():
+    message = ck.stall_message("node2", 31.4, 153_196, 8_622_564, 30, 4242)
+    assert message.startswith("node2: the download stalled: no new bytes on disk for 31 s")
+    assert "(checkpoint_stall_timeout 30 s)" in message
+    assert "153196 bytes (153.2 KB, 1.8%) of 8622564 on disk" in message
+    assert "stopped the hf job (pid 4242)" in message
+    assert "pid" not in ck.stall_message("n", 5, 0, 0, 5, None)
+
+
+def test_error_line_is_the_last_line_that_states_an_error():
+    traceback = [
+        "2026-01-01T00:00:00Z start org/repo " + SHA,
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "httpcore.ReadTimeout: timed out",
+        "The above exception was the direct cause of the following exception:",
+        "    raise mapped_exc(message) from exc",
+        "httpx2.ReadTimeout: timed out",
+        "2026-01-01T00:01:00Z hf download exited with 1",
+    ]
+    assert ck.error_line(traceback) == "httpx2.ReadTimeout: timed out"
+    assert ck.error_line(["\x1b[31mError:\x1b[0m Repository not found", "done"]) == "Error: Repository not found"
+    assert ck.error_line(["ErrorHandler started", "all good"]) is None
+
+
 def test_verify_names_missing_short_and_corrupt_files(tmp_path):
     good, bad = b"hello", b"world"
     (tmp_path / "good").write_bytes(good)

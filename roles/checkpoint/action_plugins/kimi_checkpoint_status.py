@@ -1,9 +1,15 @@
 """Action plugin for kimi_checkpoint_status: `mode: wait` polls the node and prints a progress line per poll.
 
 Ansible prints nothing while a task runs, and `until` retries print only the task name. This plugin runs the
-module's `progress` mode every `interval` seconds from the controller and displays its line as it comes, so a
-download of hours shows bytes, percentage, rate and ETA at a steady pace. The download itself runs detached
-on the node: if this connection drops, only the watching stops, and a re-run attaches to the same job.
+module's `progress` mode from the controller and displays its line as it comes, so a download of hours shows
+bytes, percentage, rate and ETA at a steady pace. Each poll blocks on the node for up to `interval` seconds
+and answers as soon as the job ends: one module run per line, yet the end of the download is seen when it
+happens rather than up to a whole interval later. The download itself runs detached on the node: if this
+connection drops, only the watching stops, and a re-run attaches to the same job.
+
+A download whose bytes on disk do not grow for `stall_timeout` seconds (a network cut that leaves
+connections open, a hung mount) is stopped through the module's `stop` mode, and the answer says so
+(`stalled`, `stall_message`) for the role to fail with.
 Every other mode passes straight through to the module.
 """
 
@@ -32,13 +38,21 @@ class ActionModule(ActionBase):
             return result
         interval = float(args.get("interval", 30))
         timeout = float(args.get("timeout", 0))
+        stall_timeout = float(args.get("stall_timeout", 0))
         args.update(mode="progress", host=args.get("host") or task_vars.get("inventory_hostname", ""))
         samples: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)
         started, polls, lines = time.monotonic(), 0, []
+        # The most bytes seen and the node's time when they were first seen: no growth since then is a stall.
+        most, grew_at = -1, 0.0
+        stalled_for = 0.0
         while True:
             if samples:
                 args.update(previous_time=samples[0][0], previous_bytes=samples[0][1])
-            answer = self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars)
+            # The first line comes at once; later polls wait on the node (see the module docstring).
+            wait = 0.0 if not polls else interval
+            if timeout:
+                wait = max(min(wait, timeout - (time.monotonic() - started)), 0.0)
+            answer = self._execute_module(module_name=MODULE, module_args={**args, "wait": wait}, task_vars=task_vars)
             if answer.get("failed"):
                 result.update(answer)
                 return result
@@ -46,12 +60,29 @@ class ActionModule(ActionBase):
             samples.append((answer["time"], answer["bytes_on_disk"]))
             lines.append(answer["line"])
             display.display(answer["line"])
+            if answer["bytes_on_disk"] > most:
+                most, grew_at = answer["bytes_on_disk"], answer["time"]
+            stalled_for = answer["time"] - grew_at
             if not answer["running"]:
                 break
+            if stall_timeout and stalled_for >= stall_timeout:
+                stop_args = {**args, "mode": "stop", "wait": 0, "stalled_seconds": stalled_for}
+                stopped = self._execute_module(module_name=MODULE, module_args=stop_args, task_vars=task_vars)
+                if stopped.get("failed"):
+                    result.update(stopped)
+                    return result
+                display.display(stopped["stall_message"])
+                result.update(answer)
+                result.update(
+                    mode="wait", changed=False, polls=polls, lines=lines[-20:], timed_out=False, stalled=True,
+                    stalled_seconds=round(stalled_for), stall_message=stopped["stall_message"], running=False,
+                    exit_status=None, pid=stopped["pid"],
+                )  # fmt: skip
+                return result
             if timeout and time.monotonic() - started >= timeout:
                 break
-            time.sleep(interval)
         result.update(answer)
-        result.update(mode="wait", changed=False, polls=polls, lines=lines[-20:])
+        result.update(mode="wait", changed=False, polls=polls, lines=lines[-20:], stalled=False)
+        result["stalled_seconds"] = round(stalled_for)
         result["timed_out"] = bool(answer["running"])
         return result
