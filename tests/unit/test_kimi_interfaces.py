@@ -64,6 +64,7 @@ def preflight_view(monkeypatch, root: Path, ip_text: str | None) -> dict:
     """kimi_node.interfaces with `ip` answering ip_text (None: ip fails)."""
 
     def fake_run(argv, **_kwargs):
+        assert argv == ["ip", "-j", "addr", "show"]
         if ip_text is None:
             raise subprocess.CalledProcessError(1, argv)
         return subprocess.CompletedProcess(argv, 0, ip_text, "")
@@ -74,8 +75,12 @@ def preflight_view(monkeypatch, root: Path, ip_text: str | None) -> dict:
 
 def parity_view(root: Path, ip_text: str | None) -> dict:
     """The interfaces kimi_stack.gather reports, with `ip` answering ip_text (None: ip fails)."""
-    links = kimi_stack.parse_ip_addr_json(ip_text) if ip_text is not None else {}
-    return kimi_stack.merge_interfaces(kimi_stack.read_sys_class_net(root), links)
+
+    def run(argv):
+        assert argv == ["ip", "-j", "addr", "show"]
+        return (1, "", "ip: command failed") if ip_text is None else (0, ip_text, "")
+
+    return kimi_stack.gather_interfaces(run, root)
 
 
 def down(ipv4: list[str] | None = None) -> dict:
