@@ -87,6 +87,13 @@ def down(ipv4: list[str] | None = None) -> dict:
     return {"operstate": "down", "up": False, "ipv4": ipv4 or []}
 
 
+# On the recorded machine /sys/class/net and ip agree, so parity's view is the same with or without /sys.
+RECORDED_PARITY = {
+    "eth0": {"operstate": "up", "up": True, "ipv4": ["192.0.2.2/24"]},
+    "ifb0": down(),
+    "ifb1": down(),
+    "lo": {"operstate": "unknown", "up": True, "ipv4": ["127.0.0.1/8"]},
+}
 CASES = {
     # case: (sysfs, ip output, preflight view, parity view)
     "recorded": (
@@ -98,12 +105,7 @@ CASES = {
             "ifb1": down(),
             "lo": {"operstate": "unknown", "up": True, "ipv4": ["127.0.0.1"]},
         },
-        {
-            "eth0": {"operstate": "up", "up": True, "ipv4": ["192.0.2.2/24"]},
-            "ifb0": down(),
-            "ifb1": down(),
-            "lo": {"operstate": "unknown", "up": True, "ipv4": ["127.0.0.1/8"]},
-        },
+        RECORDED_PARITY,
     ),
     "ip fails": (
         RECORDED_SYSFS,
@@ -149,12 +151,7 @@ CASES = {
         None,
         RECORDED_IP,
         {},
-        {
-            "eth0": {"operstate": "up", "up": True, "ipv4": ["192.0.2.2/24"]},
-            "ifb0": down(),
-            "ifb1": down(),
-            "lo": {"operstate": "unknown", "up": True, "ipv4": ["127.0.0.1/8"]},
-        },
+        RECORDED_PARITY,
     ),
 }
 
