@@ -2,6 +2,7 @@
 
 Pure stdlib, read from /proc, /sys and the kernel's socket tables, so the same code runs on a GPU node, a lab
 node and in unit tests (every reader takes its root directory, and tests point it at a fixture tree).
+kimi_stack reads interfaces through read_links here too, so this must stay importable on the nodes' Python.
 """
 
 from __future__ import annotations
@@ -56,32 +57,70 @@ def directory_bytes(path: str) -> int:
     return total
 
 
-def _ipv4_by_interface() -> dict[str, list[str]]:
-    """IPv4 addresses per interface from `ip -j addr` (iproute2 is on every node we support)."""
-    try:
-        output = subprocess.run(
-            ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True, timeout=10
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    addresses: dict[str, list[str]] = {}
-    for link in json.loads(output or "[]"):
-        addresses[link["ifname"]] = [a["local"] for a in link.get("addr_info", []) if a.get("family") == "inet"]
-    return addresses
+# The one reader of a node's interfaces. Preflight (interfaces below) and the stack facts parity compares
+# (kimi_stack.gather_interfaces) both view read_links, so they cannot disagree on which links exist or what
+# they carry. Each view keeps its own shape and its own rule for "up" (IFF_UP here; ip's UP and LOWER_UP
+# there): preflight's and parity's consumers, tests and recorded facts depend on both as they are.
+SYS_CLASS_NET = Path("/sys/class/net")
+IP_ADDR_COMMAND = ("ip", "-j", "addr", "show")
+IFF_UP = 0x1  # include/uapi/linux/if.h: administratively up
 
 
-def interfaces(sys_class_net: Path = Path("/sys/class/net"), ipv4: dict[str, list[str]] | None = None) -> dict:
-    """Every interface with its operational state and IPv4 addresses."""
-    ipv4 = _ipv4_by_interface() if ipv4 is None else ipv4
-    found = {}
+def parse_ip_addr_json(text: str) -> dict[str, dict[str, Any]]:
+    """`ip -j addr` as {ifname: {operstate, flags, ipv4: ['a.b.c.d/len']}}."""
+    links: dict[str, dict[str, Any]] = {}
+    for link in json.loads(text or "[]"):
+        links[link["ifname"]] = {
+            "operstate": str(link.get("operstate", "UNKNOWN")).lower(),
+            "flags": list(link.get("flags", [])),
+            "ipv4": [
+                f"{addr['local']}/{addr.get('prefixlen', 32)}"
+                for addr in link.get("addr_info", [])
+                if addr.get("family") == "inet"
+            ],
+        }
+    return links
+
+
+def read_links(ip_addr_json: str, sys_class_net: Path = SYS_CLASS_NET) -> dict[str, dict[str, Any]]:
+    """Every interface /sys/class/net or `ip -j addr` (its output, "" when ip failed) names, sorted by name.
+
+    Each is {"sysfs": {"operstate", "flags"} or None, "ip": parse_ip_addr_json's record or None}, as read:
+    the views decide what "up" means. A missing operstate file reads "unknown", a missing flags file None.
+    """
+    sysfs: dict[str, dict[str, str | None]] = {}
     for entry in sorted(sys_class_net.iterdir()) if sys_class_net.is_dir() else []:
-        operstate = (entry / "operstate").read_text().strip() if (entry / "operstate").exists() else "unknown"
-        flags = (entry / "flags").read_text().strip() if (entry / "flags").exists() else "0x0"
-        found[entry.name] = {
+        operstate, flags = entry / "operstate", entry / "flags"
+        sysfs[entry.name] = {
+            "operstate": operstate.read_text().strip() if operstate.exists() else "unknown",
+            "flags": flags.read_text().strip() if flags.exists() else None,
+        }
+    ip_links = parse_ip_addr_json(ip_addr_json)
+    return {name: {"sysfs": sysfs.get(name), "ip": ip_links.get(name)} for name in sorted(set(sysfs) | set(ip_links))}
+
+
+def _ip_addr_json() -> str:
+    """`ip -j addr show` output, "" when ip is missing or fails (iproute2 is on every node we support)."""
+    try:
+        return subprocess.run(list(IP_ADDR_COMMAND), capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def interfaces(sys_class_net: Path = SYS_CLASS_NET, ip_addr_json: str | None = None) -> dict:
+    """Preflight's view: every interface the kernel has, its operstate, up, and bare IPv4 addresses."""
+    links = read_links(_ip_addr_json() if ip_addr_json is None else ip_addr_json, sys_class_net)
+    found = {}
+    for name, link in links.items():
+        if link["sysfs"] is None:
+            continue  # a name only ip reported: preflight lists what /sys/class/net has
+        operstate = link["sysfs"]["operstate"]
+        flags = link["sysfs"]["flags"] or "0x0"
+        found[name] = {
             "operstate": operstate,
-            # IFF_UP (0x1): administratively up. Virtual links without carrier report operstate "unknown".
-            "up": bool(int(flags, 16) & 0x1) and operstate in ("up", "unknown"),
-            "ipv4": ipv4.get(entry.name, []),
+            # IFF_UP: administratively up. Virtual links without carrier report operstate "unknown".
+            "up": bool(int(flags, 16) & IFF_UP) and operstate in ("up", "unknown"),
+            "ipv4": [address.partition("/")[0] for address in (link["ip"] or {}).get("ipv4", [])],
         }
     return found
 

@@ -21,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.kimi_gpu import parse_rows  # type: ignore[import-not-found]
+from ansible.module_utils.kimi_node import (  # type: ignore[import-not-found]
+    IP_ADDR_COMMAND,
+    SYS_CLASS_NET,
+    read_links,
+)
 
 FACTS_SCHEMA = 1
 
@@ -434,44 +439,21 @@ def _unquote(value: str) -> str:
 # ---------------------------------------------------------------- interfaces
 
 
-def parse_ip_addr_json(text: str) -> dict[str, dict[str, Any]]:
-    """`ip -j addr` as {ifname: {operstate, flags, ipv4: ['a.b.c.d/len']}}."""
-    links: dict[str, dict[str, Any]] = {}
-    for link in json.loads(text or "[]"):
-        links[link["ifname"]] = {
-            "operstate": str(link.get("operstate", "UNKNOWN")).lower(),
-            "flags": list(link.get("flags", [])),
-            "ipv4": [
-                f"{addr['local']}/{addr.get('prefixlen', 32)}"
-                for addr in link.get("addr_info", [])
-                if addr.get("family") == "inet"
-            ],
-        }
-    return links
-
-
-def read_sys_class_net(root: Path = Path("/sys/class/net")) -> dict[str, str]:
-    """{interface: operstate} for every interface the kernel has (the authority on which names exist)."""
-    states = {}
-    for entry in sorted(root.iterdir()) if root.is_dir() else []:
-        state_file = entry / "operstate"
-        states[entry.name] = state_file.read_text().strip() if state_file.exists() else "unknown"
-    return states
-
-
-def merge_interfaces(sys_states: dict[str, str], ip_links: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """One record per interface: operstate, up, IPv4 addresses.
+def gather_interfaces(run: Runner, sys_class_net: Path = SYS_CLASS_NET) -> dict[str, dict[str, Any]]:
+    """Parity's view of kimi_node.read_links: one record per interface, operstate, up, IPv4 'address/prefix'.
 
     'up' is operstate up, or 'unknown' with the UP and LOWER_UP flags: loopback, tun and some IPoIB drivers
-    never report a carrier state yet carry traffic.
+    never report a carrier state yet carry traffic. /sys/class/net's operstate wins over ip's; it is the
+    authority on which names exist.
     """
+    rc, ip_out, _ = run(list(IP_ADDR_COMMAND))
     interfaces = {}
-    for name in sorted(set(sys_states) | set(ip_links)):
-        link = ip_links.get(name, {})
-        operstate = sys_states.get(name, link.get("operstate", "unknown")).lower()
-        flags = set(link.get("flags", []))
+    for name, link in read_links(ip_out if rc == 0 else "", sys_class_net).items():
+        ip_link = link["ip"] or {}
+        operstate = (link["sysfs"]["operstate"] if link["sysfs"] else ip_link.get("operstate", "unknown")).lower()
+        flags = set(ip_link.get("flags", []))
         up = operstate == "up" or (operstate == "unknown" and {"UP", "LOWER_UP"} <= flags)
-        interfaces[name] = {"operstate": operstate, "up": up, "ipv4": link.get("ipv4", [])}
+        interfaces[name] = {"operstate": operstate, "up": up, "ipv4": ip_link.get("ipv4", [])}
     return interfaces
 
 
@@ -685,11 +667,11 @@ def gather(
     probe_nccl: bool = True,
     proc_driver_version: Path = PROC_DRIVER_VERSION,
     cuda_root: Path = Path("/usr/local"),
+    sys_class_net: Path = SYS_CLASS_NET,
 ) -> dict[str, Any]:
     """Every fact parity compares, for this node, in one pass (the paths are parameters for tests)."""
     debs, dpkg_error = gather_debs(run, deb_patterns)
-    rc, ip_out, _ = run(["ip", "-j", "addr", "show"])
-    interfaces = merge_interfaces(read_sys_class_net(), parse_ip_addr_json(ip_out) if rc == 0 else {})
+    interfaces = gather_interfaces(run, sys_class_net)
     nccl_env = gather_nccl_env(nccl_env_file, interfaces)
     venv = gather_venv(run, venv_path)
     rc, ld_out, _ = run(["ldconfig", "-p"])

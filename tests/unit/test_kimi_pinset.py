@@ -29,28 +29,15 @@ from module_utils.kimi_pinset import (
     resolve_pinset,
     suggest_adjustment,
 )
+from tests.pip_commands import requirements_of
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "fixtures" / "stack" / "pip"
 SEED_000 = ["vllm==0.23.0", "vllm-flash-attn==2.6.2", "nvidia-nccl-cu13==2.30.4"]
-OPTIONS_WITH_VALUE = {"--index-url", "--extra-index-url", "--find-links", "--trusted-host", "--cert"}
 
 
 def recorded_output(case: str, run: int) -> str:
     return "\n".join((RECORDED / case / f"run{run}.{part}.txt").read_text() for part in ("stdout", "stderr"))
-
-
-def requirements_of(command: list[str]) -> list[str]:
-    tail = command[command.index("--target") + 2 :]
-    requirements, skip = [], False
-    for arg in tail:
-        if skip:
-            skip = False
-        elif arg in OPTIONS_WITH_VALUE:
-            skip = True
-        elif not arg.startswith("-"):
-            requirements.append(arg)
-    return requirements
 
 
 class Replay:

@@ -17,14 +17,13 @@ from module_utils.kimi_stack import (
     cuda_installs,
     deb_facts,
     fabric_manager_from_debs,
+    gather_interfaces,
     interpret_nccl_probe,
     locate_nccl,
-    merge_interfaces,
     nccl_version_from_code,
     parse_cuda_version_json,
     parse_dpkg_query,
     parse_env_file,
-    parse_ip_addr_json,
     parse_ldconfig,
     parse_nvidia_smi_gpus,
     parse_pip_list_json,
@@ -302,14 +301,10 @@ def test_env_file_with_comments_quotes_and_exports():
 # ---------------------------------------------------------------- interfaces
 
 
-def recorded_interfaces() -> dict:
-    links = parse_ip_addr_json((FIXTURES / "system" / "ip-j-addr.json").read_text())
-    states = {name: link["operstate"] for name, link in links.items()}
-    return merge_interfaces(states, links)
-
-
-def test_ip_json_recorded_output():
-    interfaces = recorded_interfaces()
+def test_ip_json_recorded_output(tmp_path):
+    recorded = (FIXTURES / "system" / "ip-j-addr.json").read_text()
+    # No /sys/class/net here, so every state is ip's own.
+    interfaces = gather_interfaces(lambda argv: (0, recorded, ""), sys_class_net=tmp_path / "absent")
     assert interfaces["lo"]["up"] is True  # operstate unknown, but UP and LOWER_UP
     assert interfaces["lo"]["ipv4"] == ["127.0.0.1/8"]
     assert interfaces["eth0"]["up"] is True
