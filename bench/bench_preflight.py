@@ -45,6 +45,11 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_preflight: skipped (needs root for the lab)")
         return 0
+    status = subprocess.run([*LAB, "status"], capture_output=True, text=True, check=False)
+    if status.returncode == 0 and not status.stdout.startswith("lab: down"):
+        # The bench boots and removes labs of its own sizes: it must not take down a lab someone is using.
+        print("bench_preflight: skipped (a lab is up; `make lab-down` first)")
+        return 0
     for count in NODE_COUNTS:
         lab("up", str(count))
         try:
