@@ -14,8 +14,10 @@ description:
   - I(kind=ray_status) counts active nodes and the GPU total in I(text) and fails unless they are I(nodes) and
     I(nodes) x I(gpus_per_node), or when Ray lists recent failures.
   - I(kind=group) takes every node's unit state in I(group) and returns C(restart) with the C(reasons): files
-    changed, a unit not active, a headless rank started after rank 0 (restarted alone, it cannot rejoin), or
-    the one-token probe of rank 0 failed (I(probe_ok) false).
+    changed, a unit not active, a headless rank started after rank 0 (restarted alone, it cannot rejoin), a
+    rank 0 that is not listening (I(probe_refused)) and started more than I(start_window) seconds after a
+    headless rank (restarted alone, it waits for ranks that joined the previous one), or the one-token probe
+    of rank 0 failed (I(probe_ok) false).
   - Pure judgement; changes nothing.
 options:
   kind:
@@ -36,6 +38,16 @@ options:
   probe_ok:
     description: Kind group, whether the one-token request to rank 0 succeeded; omitted when not probed.
     type: bool
+  probe_refused:
+    description: Kind group, whether rank 0 refused the probe's connection (not listening yet).
+    type: bool
+    default: false
+  start_window:
+    description:
+      - Kind group, seconds a group start may spread between the headless ranks and rank 0. A rank 0 that
+        refuses connections and started later than this after a headless rank was restarted alone.
+    type: int
+    default: 300
   predicted_kv_tokens:
     description: The planner's kv_tokens (kind vllm_log).
     type: int
@@ -102,6 +114,8 @@ def main() -> None:
             "text": {"type": "str", "default": ""},
             "group": {"type": "list", "elements": "dict"},
             "probe_ok": {"type": "bool"},
+            "probe_refused": {"type": "bool", "default": False},
+            "start_window": {"type": "int", "default": 300},
             "predicted_kv_tokens": {"type": "int"},
             "require_match": {"type": "bool", "default": False},
             "nodes": {"type": "int"},
@@ -111,7 +125,9 @@ def main() -> None:
     )
     params = module.params
     if params["kind"] == "group":
-        reasons = group_restart_reasons(params["group"] or [], params["probe_ok"])
+        reasons = group_restart_reasons(
+            params["group"] or [], params["probe_ok"], params["probe_refused"], params["start_window"]
+        )
         module.exit_json(changed=False, restart=bool(reasons), reasons=reasons, msg="; ".join(reasons) or "no restart")
     if params["kind"] == "ray_status":
         status = parse_ray_status(params["text"])

@@ -413,13 +413,22 @@ def _start_time(node: dict[str, Any]) -> float | None:
         return None
 
 
-def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None) -> list[str]:
+def group_restart_reasons(
+    nodes: Sequence[dict[str, Any]],
+    probe_ok: bool | None,
+    probe_refused: bool = False,
+    start_window: float = 300,
+) -> list[str]:
     """Why the whole vLLM group must be restarted now; empty when it may keep running.
 
-    `nodes`: one dict per node with host, unit, serves_api, changed, active_state and started_at. A headless
-    rank whose process started after rank 0's was restarted alone (systemd's Restart=, a reboot): it waits for
-    a group that no longer exists while rank 0 keeps answering /health, so start order is judged, not only
-    whether each unit is active. `probe_ok` is the one-token request to rank 0 (None: not probed).
+    `nodes`: one dict per node with host, unit, serves_api, changed, active_state and started_at. Ranks only
+    form a group when they start together, so start order is judged, not only whether each unit is active:
+    - a headless rank whose process started after rank 0's was restarted alone (systemd's Restart=, a reboot):
+      it waits for a group that no longer exists while rank 0 keeps answering /health;
+    - a rank 0 that is not listening (`probe_refused`) and started more than `start_window` seconds after a
+      headless rank was restarted alone: it waits at the rendezvous for ranks that joined the previous rank 0.
+      Within the window a refused connection is a group still loading, and the /health wait covers it.
+    `probe_ok` is the one-token request to rank 0 (None: not probed, or refused).
     """
     reasons = [f"{n['host']}: files of {n['unit']} changed" for n in nodes if n.get("changed")]
     reasons += [
@@ -429,13 +438,22 @@ def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None
     ]
     api = next((n for n in nodes if n.get("serves_api")), None)
     api_start = _start_time(api) if api else None
-    if api_start is not None:
+    headless = [(n, _start_time(n)) for n in nodes if n.get("unit") and not n.get("serves_api")]
+    if api is not None and api_start is not None:
         reasons += [
-            f"{n['host']}: {n['unit']} started after rank 0 ({_start_time(n) - api_start:.0f} s later): "
+            f"{n['host']}: {n['unit']} started after rank 0 ({started - api_start:.0f} s later): "
             "it was restarted alone and cannot rejoin the running group"
-            for n in nodes
-            if n.get("unit") and not n.get("serves_api") and (_start_time(n) or 0) > api_start
+            for n, started in headless
+            if started is not None and started > api_start
         ]
+        if probe_refused:
+            reasons += [
+                f"{api['host']}: {api['unit']} started {api_start - started:.0f} s after {n['host']}'s "
+                f"{n['unit']} (more than {start_window:g} s) and is not listening: rank 0 was restarted alone and "
+                "waits for ranks that joined the previous one"
+                for n, started in headless
+                if started is not None and api_start - started > start_window
+            ]
     if probe_ok is False and api is not None:
         reasons.append(f"{api['host']}: a one-token request to rank 0 failed (the group is not serving)")
     return reasons

@@ -230,6 +230,38 @@ def test_a_never_started_rank_0_does_not_compare_start_times():
     assert group_restart_reasons(nodes, probe_ok=None) == ["node1: kimi-vllm.service is inactive"]
 
 
+def test_a_rank_0_restarted_alone_that_does_not_listen_restarts_the_group_naming_it():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "@1500"),
+        _node("node2", "kimi-vllm-headless.service", False, "@1000"),
+    ]
+    (reason,) = group_restart_reasons(nodes, probe_ok=None, probe_refused=True, start_window=300)
+    assert reason.startswith("node1: kimi-vllm.service started 500 s after node2's kimi-vllm-headless.service")
+    assert "restarted alone" in reason
+
+
+def test_a_rank_0_still_loading_within_the_start_window_is_waited_for():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "@1005"),
+        _node("node2", "kimi-vllm-headless.service", False, "@1000"),
+    ]
+    assert group_restart_reasons(nodes, probe_ok=None, probe_refused=True, start_window=300) == []
+
+
+def test_a_rank_0_started_late_that_serves_is_left_running():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    nodes = [
+        _node("node1", "kimi-vllm.service", True, "@5000"),
+        _node("node2", "kimi-vllm-headless.service", False, "@1000"),
+    ]
+    assert group_restart_reasons(nodes, probe_ok=True, probe_refused=False, start_window=300) == []
+
+
 def test_ray_2_60_status_from_the_lab_counts_both_nodes_and_gpus():
     from module_utils.kimi_serve import parse_ray_status, ray_status_problems
 
