@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .settings import REPO_ROOT, node_address, node_name
@@ -61,9 +62,12 @@ def render_generated_vars(
     mirror_urls: dict[str, str],
     checkpoint: dict[str, object],
     cpuinfo: str | None = None,
+    host_cpus: list[int] | None = None,
 ) -> str:
     if cpuinfo is None:
         cpuinfo = Path("/proc/cpuinfo").read_text()
+    if host_cpus is None:
+        host_cpus = sorted(os.sched_getaffinity(0))
     values: dict[str, object] = {
         "lab_node_count": node_count,
         "lab_data_size_bytes": data_size_bytes,
@@ -75,6 +79,8 @@ def render_generated_vars(
         "lab_checkpoint_revision": checkpoint["revision"],
         "lab_checkpoint_total_bytes": checkpoint["total_bytes"],
         "lab_kv_block_size": cpu_kv_block_size(cpuinfo),
+        # Every node sees all of the host's cores; the lab gives each rank its own (lab.yml).
+        "lab_host_cpus": host_cpus,
     }
     lines = [HEADER.rstrip("\n"), "---"] + [f"{key}: {_scalar(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"

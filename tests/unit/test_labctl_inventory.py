@@ -29,7 +29,9 @@ def test_hosts_are_kimi_nodes_in_order_with_strict_host_keys():
 
 
 def test_generated_vars_carry_the_mirrors_and_the_checkpoint():
-    values = yaml.safe_load(inventory.render_generated_vars(2, 4 * 1024**3, URLS, CHECKPOINT, cpuinfo="flags: sse"))
+    values = yaml.safe_load(
+        inventory.render_generated_vars(2, 4 * 1024**3, URLS, CHECKPOINT, cpuinfo="flags: sse", host_cpus=[0, 1])
+    )
     assert values == {
         "lab_node_count": 2,
         "lab_data_size_bytes": 4 * 1024**3,
@@ -41,6 +43,7 @@ def test_generated_vars_carry_the_mirrors_and_the_checkpoint():
         "lab_checkpoint_revision": "a" * 40,
         "lab_checkpoint_total_bytes": 9_000_000,
         "lab_kv_block_size": 16,
+        "lab_host_cpus": [0, 1],
     }
 
 
