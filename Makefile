@@ -44,10 +44,10 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff
 	$(BIN)/ansible-lint --profile production -q
 
 unit: venv ## Unit tests (seconds; no root, no lab)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q --durations=5 tests/unit
 
 local: venv ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
-	$(BIN)/pytest -q -m "not slow" tests/local
+	$(BIN)/pytest -q --durations=15 -m "not slow" tests/local
 
 lab-build: host-deps venv ## Build (or reuse) the lab's cached base rootfs and mirrors
 	$(PY) $(LAB) build all
@@ -62,7 +62,7 @@ lab-status: ## Show the lab's nodes and mirrors
 	$(PY) $(LAB) status
 
 lab-test: lab-build ## Tests against the real lab (boots and tears down its own nodes)
-	$(BIN)/pytest -q -m lab tests/lab
+	$(BIN)/pytest -q --durations=0 -m lab tests/lab
 
 molecule: lab-build ## Every role's Molecule scenario on lab nodes
 	@for scenario in $$(ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename); do \
