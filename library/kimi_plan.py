@@ -23,7 +23,7 @@ options:
     type: str
     default: Kimi-K2.7-Code
   weights_bytes:
-    description: Checkpoint bytes, spread evenly over the tp x pp GPUs of one replica (the seeds' rule).
+    description: Checkpoint bytes, spread evenly over the tp x pp GPUs of one replica (the guides' rule).
       Without it (and without I(params)) the planner uses the component breakdown of the config and its
       quantization.
     type: int
@@ -101,7 +101,7 @@ options:
     type: bool
     default: false
   pooled:
-    description: Return seed 000's pooled arithmetic (labelled, for comparison; not what vLLM allocates).
+    description: Return the GreenNode guide's pooled arithmetic (labelled, for comparison; not what vLLM allocates).
     type: bool
     default: false
   fail_on_misfit:

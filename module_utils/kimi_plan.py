@@ -30,7 +30,7 @@ DEFAULT_GPU_BLOCK_SIZE = 16
 # CpuPlatform.check_and_update_config); the lab measured "CPU KV cache size: 465,920 tokens" for 1 GiB with
 # the miniature model, which is floor(2^30 / (2 x 576 x 2 B) / 128) x 128 (docs/lab-facts.md).
 CPU_BLOCK_SIZE = 128
-# MoonViT, the vision encoder of the K2.5-based checkpoints: about 400M parameters, kept in BF16 (seed 004).
+# MoonViT, the vision encoder of the K2.5-based checkpoints: about 400M parameters, BF16 (the RTX PRO 6000 guide).
 MOONVIT_PARAMS = 400_000_000
 
 
@@ -285,9 +285,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         max_position_embeddings=262144,
         quantization=K2_INT4,
         vision_params=MOONVIT_PARAMS,
-        # Sum of the 64 safetensors files of moonshotai/Kimi-K2.7-Code, as seed 004 reports it.
+        # Sum of the 64 safetensors files of moonshotai/Kimi-K2.7-Code, as the RTX PRO 6000 guide reports it.
         checkpoint_bytes=595_177_988_208,
-        source="moonshotai/Kimi-K2.7-Code (K2.5 architecture + MoonViT; INT4 experts as K2-Thinking; seed 004)",
+        source=(
+            "moonshotai/Kimi-K2.7-Code (K2.5 architecture + MoonViT; INT4 experts as K2-Thinking; RTX PRO 6000 guide)"
+        ),
         **_kimi_k2_architecture(),
     ),
 }
@@ -336,7 +338,7 @@ def model_from_config(config: dict[str, Any], name: str, source: str = "config.j
 
 
 def _lab_mini() -> ModelSpec:
-    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json, the shared reference config (copied
+    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json (copied
     # here field for field so the planner needs no file at run time).
     config = {
         "num_hidden_layers": 2,
@@ -432,7 +434,8 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             ("NVIDIA RTX PRO 6000 Blackwell Server Edition",),
             97887,
             "public records found with the code search: 'RTX PRO 6000 Blackwell Server Edition, 97887 MiB, "
-            "595.71.05 driver'; seed 004 rounds it to 95.6 GiB. Secondary source: confirm with a capture.",
+            "595.71.05 driver'; the RTX PRO 6000 guide rounds it to 95.6 GiB. "
+            "Secondary source: confirm with a capture.",
             aliases=("rtx-pro-6000", "rtx-pro-6000-blackwell-server-edition", "rtx-pro-6000-se"),
         ),
         GpuSpec(
@@ -668,7 +671,8 @@ def stage_weight_bytes(
         if not (model.tie_word_embeddings and first_stage):
             totals["lm_head"] = UNQUANTIZED.linear_bytes(vocab_shard, model.hidden_size)
     if include_vision and first_stage and model.vision_params:
-        # --mm-encoder-tp-mode data (both seeds' recipe) keeps a whole BF16 copy of the encoder on each GPU.
+        # --mm-encoder-tp-mode data (the GreenNode and RTX PRO 6000 guides) keeps a whole BF16 copy of the encoder
+        # on each GPU.
         totals["vision_encoder"] = model.vision_params * BF16_BYTES
     return {key: value for key, value in totals.items() if value}
 
@@ -783,7 +787,7 @@ def _round(value: float, digits: int = 4) -> float:
 def _stage_plan(inputs: PlanInputs, index: int, layers: range, usable_gib: float | None) -> dict[str, Any]:
     model = inputs.model
     if inputs.weights_bytes is not None:
-        # The seeds' rule: the checkpoint's bytes spread evenly over the tp x pp GPUs of one replica.
+        # The guides' rule: the checkpoint's bytes spread evenly over the tp x pp GPUs of one replica.
         breakdown = {"even_split": inputs.weights_bytes / (inputs.tp * inputs.pp)}
     else:
         breakdown = stage_weight_bytes(
@@ -1008,12 +1012,12 @@ def _suggestion_text(label: str, ratio: float | None, plan: dict[str, Any], othe
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Seed 000's pooled arithmetic (only on request)
+# The GreenNode guide's pooled arithmetic (only on request; docs/sources.md)
 # ---------------------------------------------------------------------------------------------------------
 
 
 def pooled_plan(inputs: PlanInputs) -> dict[str, Any]:
-    """Seed 000's box: all GPUs' memory as one pool, all layers' KV in one place. Not what vLLM allocates.
+    """The GreenNode guide's box: all GPUs' memory as one pool, all layers' KV in one place. Not what vLLM allocates.
 
     Reproduced only for comparison: it ignores that TP ranks each hold the whole latent KV cache, rounds the
     token count to the nearest token instead of whole blocks, and spreads the weights over every GPU.
@@ -1038,7 +1042,9 @@ def pooled_plan(inputs: PlanInputs) -> dict[str, Any]:
     per_gpu = compute_plan(inputs, with_suggestions=False)
     return {
         "mode": "pooled",
-        "warning": "POOLED arithmetic (seed 000): every GPU's memory as one pool; vLLM does not allocate this way",
+        "warning": (
+            "POOLED arithmetic (the GreenNode guide): every GPU's memory as one pool; vLLM does not allocate this way"
+        ),
         "model": inputs.model.name,
         "gpus_total": gpus,
         "total_gpu_gib": _round(total_gib, 2),
@@ -1227,7 +1233,7 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
 
 
 def plan_from_options(raw: dict[str, Any]) -> dict[str, Any]:
-    """The plan (or, with pooled=True, seed 000's pooled arithmetic) for CLI-style options."""
+    """The plan (or, with pooled=True, the GreenNode guide's pooled arithmetic) for CLI-style options."""
     inputs = inputs_from_options(raw)
     if raw.get("pooled"):
         return pooled_plan(inputs)
@@ -1375,7 +1381,9 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     parser.add_argument("--block-size", help="KV block size (default 16; cpu: 128)")
     parser.add_argument("--pp-layer-partition", help="layers per stage as VLLM_PP_LAYER_PARTITION, e.g. 31,30")
     parser.add_argument("--language-model-only", action="store_true", help="leave the vision encoder out")
-    parser.add_argument("--pooled", action="store_true", help="seed 000's pooled arithmetic (not what vLLM does)")
+    parser.add_argument(
+        "--pooled", action="store_true", help="the GreenNode guide's pooled arithmetic (not what vLLM does)"
+    )
     return parser
 
 

@@ -257,7 +257,8 @@ def node_command(spec: ServeSpec, host: str) -> NodeCommand:
     if headless:
         argv.append("--headless")
         if spec.layout == "dp_ep":
-            # Seed 001 gives the headless node the API port too (ignored there); kept for a like-for-like command.
+            # The vLLM Kimi K2 recipe gives the headless node the API port too (ignored there); kept for a
+            # like-for-like command.
             argv += ["--port", str(spec.api_port)]
     else:
         argv += ["--host", spec.api_host, "--port", str(spec.api_port)]

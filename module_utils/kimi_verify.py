@@ -253,7 +253,7 @@ def tool_choice_value(tool_choice: str) -> str | dict[str, Any]:
 def build_tool_request(
     model: str, tool_choice: str = "auto", max_tokens: int = 1024, temperature: float = 0.6
 ) -> dict[str, Any]:
-    """A non-streaming chat completion that offers TOOLS and asks for get_weather (seed 001's smoke test).
+    """A non-streaming chat completion offering TOOLS that asks for get_weather (the vLLM Kimi K2 recipe's smoke test).
 
     max_tokens leaves room for a thinking model to reason before it calls; 0.6 is Kimi's recommended temperature.
     """

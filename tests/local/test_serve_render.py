@@ -1,6 +1,6 @@
 """Render the serve phase's units for the example inventories (nothing is started) and compare them with the
-golden files; each seed's launch command is reproduced flag for flag; every flag is one the target vLLM
-version knows; every unit passes `systemd-analyze verify`.
+golden files; each guide's launch command (docs/sources.md) is reproduced flag for flag; every flag is one the
+target vLLM version knows; every unit passes `systemd-analyze verify`.
 
 Regenerate the golden files after a deliberate change: KIMI_UPDATE_GOLDEN=1 pytest tests/local/test_serve_render.py
 """
@@ -143,7 +143,8 @@ def units_of(files: dict[str, str]) -> dict[str, str]:
     return {name: text for name, text in files.items() if name.endswith(".service") and "kimi-vllm" in name}
 
 
-# Seed launch commands, word for word (the model path and $NODE1_IP / $MASTER_IP / $PORT substituted).
+# The guides' launch commands (docs/sources.md), word for word (the model path and $NODE1_IP / $MASTER_IP / $PORT
+# substituted).
 SEED_000_NODE1 = (
     "vllm serve MODEL --served-model-name kimi-k2 -tp 8 -pp 2 --trust-remote-code --tool-call-parser kimi_k2 "
     "--reasoning-parser kimi_k2 --enable-auto-tool-choice --enable-expert-parallel --mm-encoder-tp-mode data "
@@ -168,24 +169,24 @@ SEED_004 = (
 )
 
 SEEDS = {
-    "seed 000 node 1": ("greennode-mp", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", SEED_000_NODE1),
-    "seed 000 node 2": ("greennode-mp", "gn-h100-node2/etc/systemd/system/kimi-vllm-headless.service", SEED_000_NODE2),
-    "seed 001 DP+EP node 0": ("h200-dp-ep", "h200-node0/etc/systemd/system/kimi-vllm.service", SEED_001_NODE0),
-    "seed 001 DP+EP node 1": ("h200-dp-ep", "h200-node1/etc/systemd/system/kimi-vllm-headless.service", SEED_001_NODE1),
-    "seed 001 TP16 on Ray": ("greennode-ray", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", SEED_001_RAY),
-    "seed 004 TP8 + DCP8": ("rtx-pro-6000", "rtx6000-node1/etc/systemd/system/kimi-vllm.service", SEED_004),
+    "GreenNode node 1": ("greennode-mp", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", SEED_000_NODE1),
+    "GreenNode node 2": ("greennode-mp", "gn-h100-node2/etc/systemd/system/kimi-vllm-headless.service", SEED_000_NODE2),
+    "vLLM recipe DP+EP 0": ("h200-dp-ep", "h200-node0/etc/systemd/system/kimi-vllm.service", SEED_001_NODE0),
+    "vLLM recipe DP+EP 1": ("h200-dp-ep", "h200-node1/etc/systemd/system/kimi-vllm-headless.service", SEED_001_NODE1),
+    "vLLM recipe TP16 on Ray": ("greennode-ray", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", SEED_001_RAY),
+    "RTX PRO 6000 TP8 + DCP8": ("rtx-pro-6000", "rtx6000-node1/etc/systemd/system/kimi-vllm.service", SEED_004),
 }
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_each_seed_command_is_reproduced_flag_for_flag(rendered, seed):
-    case, unit, command = SEEDS[seed]
+@pytest.mark.parametrize("guide", SEEDS)
+def test_each_guide_command_is_reproduced_flag_for_flag(rendered, guide):
+    case, unit, command = SEEDS[guide]
     ours = flag_map(exec_start_argv(rendered[case][unit])[1:])
     theirs = flag_map(shlex.split(command)[2:])
     missing = {flag: value for flag, value in theirs.items() if flag not in ours}
     different = {flag: (value, ours[flag]) for flag, value in theirs.items() if flag in ours and ours[flag] != value}
-    assert not missing, f"{seed}: flags of the seed the unit lacks: {missing}"
-    assert not different, f"{seed}: (seed, unit) values differ: {different}"
+    assert not missing, f"{guide}: flags of the guide the unit lacks: {missing}"
+    assert not different, f"{guide}: (guide, unit) values differ: {different}"
 
 
 def test_the_ray_workers_run_no_vllm_unit(rendered):

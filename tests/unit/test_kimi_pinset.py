@@ -180,7 +180,7 @@ def test_a_platform_too_old_for_a_dependency_is_named():
 # ---------------------------------------------------------------- the whole resolve, replayed
 
 
-def test_seed_000_is_refused_with_the_chain_and_a_verified_suggestion():
+def test_the_greennode_set_is_refused_with_the_chain_and_a_verified_suggestion():
     replay = Replay("seed000")
     result = resolve_pinset(pins(SEED_000), recorded_settings(), run=replay)
     assert result["ok"] is False
@@ -203,7 +203,7 @@ def test_seed_000_is_refused_with_the_chain_and_a_verified_suggestion():
     assert "suggested set: vllm==0.23.0 nvidia-nccl-cu13==2.28.9 - resolves (checked with pip)" in message
 
 
-def test_the_seed_platform_tag_alone_is_too_old_for_vllm_0_23():
+def test_the_greennode_set_with_platform_tag_2_28_alone_is_too_old_for_vllm_0_23():
     result = resolve_pinset(
         pins(SEED_000), recorded_settings("manylinux_2_28_x86_64"), run=Replay("seed000-manylinux_2_28")
     )

@@ -12,14 +12,14 @@ from module_utils import kimi_plan as kp
 
 GIB = 1024**3
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-# The miniature model config the lab serves (a copy of the shared reference, kept in the repository).
+# The miniature model config the lab serves (lab/mirrors/hf/config.json, committed in the repository).
 LAB_MINI_CONFIG = Path(__file__).resolve().parents[2] / "lab" / "mirrors" / "hf" / "config.json"
 K27 = kp.MODEL_PRESETS["Kimi-K2.7-Code"]
 K2_INSTRUCT = kp.MODEL_PRESETS["Kimi-K2-Instruct"]
 LAB_MINI = kp.MODEL_PRESETS["lab-mini"]
 
-# Seed 004: Kimi-K2.7-Code on eight RTX PRO 6000 Server Edition, its users-per-card rule (0.90 x the 95.6 GiB the
-# driver reports - 3 GiB) and the checkpoint's 595,177,988,208 bytes spread over the eight cards.
+# The RTX PRO 6000 guide: Kimi-K2.7-Code on eight RTX PRO 6000 Server Edition, its users-per-card rule (0.90 x
+# the 95.6 GiB the driver reports - 3 GiB) and the checkpoint's 595,177,988,208 bytes spread over the eight cards.
 SEED_004 = {
     "model": "Kimi-K2.7-Code",
     "weights_bytes": 595_177_988_208,
@@ -30,7 +30,8 @@ SEED_004 = {
     "tp": 8,
     "max_model_len": 131072,
 }
-# Seed 000: 2 nodes x 8 H100, TP8 x PP2 with EP, "1,040 B params @ fp8 (x1.05)", 0.92 and 4 GiB, fp8 cache, 32K.
+# The GreenNode guide: 2 nodes x 8 H100, TP8 x PP2 with EP, "1,040 B params @ fp8 (x1.05)", 0.92 and 4 GiB, fp8
+# cache, 32K.
 SEED_000 = {
     "model": "Kimi-K2.7-Code",
     "params": 1040e9,
@@ -60,7 +61,7 @@ def test_mla_kv_bytes_per_token_per_layer():
     assert kp.kv_bytes_per_token_per_layer(K27, "bf16") == (512 + 64) * 2 == 1152
     assert kp.kv_bytes_per_token_per_layer(K27, "fp8") == 576
     assert kp.kv_bytes_per_token_per_layer(LAB_MINI, "bf16") == 1152
-    # Seed 004: "61 layers store 576 values per token ..., 70,272 bytes in 16-bit".
+    # The RTX PRO 6000 guide: "61 layers store 576 values per token ..., 70,272 bytes in 16-bit".
     assert 61 * kp.kv_bytes_per_token_per_layer(K27, "bf16") == 70_272
 
 
@@ -327,10 +328,10 @@ def test_gpu_count_must_match_the_nodes():
     assert "needs TP 8 x PP 2 x DP 1 = 16 GPUs, but 3 nodes x 8 GPUs = 24" in result["reasons"][0]
 
 
-# --- seed 004's excerpt, exactly ------------------------------------------------------------------------------------
+# --- the RTX PRO 6000 guide's figures, exactly ---------------------------------------------------------------------
 
 
-def test_seed_004_card_budget_and_one_session_under_tp():
+def test_rtx_pro_6000_guide_card_budget_and_one_session_under_tp():
     result = plan(**SEED_004)
     assert round(result["kv_cache_gib_per_gpu"], 1) == 13.8
     assert round(result["usable_gib_per_gpu"] * 8, 1) == 664.3
@@ -340,14 +341,14 @@ def test_seed_004_card_budget_and_one_session_under_tp():
     assert result["fits"]
 
 
-def test_seed_004_dcp8_twelve_sessions_in_16_bit_and_25_in_fp8():
+def test_rtx_pro_6000_guide_dcp8_twelve_sessions_in_16_bit_and_25_in_fp8():
     assert plan(**SEED_004, dcp=8)["max_concurrent_sequences"] == 12
     assert plan(**SEED_004, dcp=8, kv_cache_dtype="fp8")["max_concurrent_sequences"] == 25
     # "a 128K session costs about 1.07 GiB per card with DCP 8"
     assert round(plan(**SEED_004, dcp=8)["kv_gib_per_sequence_per_gpu"], 2) == 1.07
 
 
-def test_seed_004_256k_session_needs_17_16_gib_and_does_not_fit_under_tp():
+def test_rtx_pro_6000_guide_256k_session_needs_17_16_gib_and_does_not_fit_under_tp():
     result = plan(**{**SEED_004, "max_model_len": 262144})
     assert round(result["kv_gib_per_sequence_per_gpu"], 2) == 17.16
     assert not result["fits"]
@@ -355,8 +356,8 @@ def test_seed_004_256k_session_needs_17_16_gib_and_does_not_fit_under_tp():
     assert "13.75 GiB" in result["reasons"][0]
 
 
-def test_seed_004_with_the_rtx_pro_preset_keeps_the_session_counts():
-    # The preset holds what the driver reports (97887 MiB = 95.59 GiB); seed 004 rounds it to 95.6.
+def test_rtx_pro_6000_guide_with_the_rtx_pro_preset_keeps_the_session_counts():
+    # The preset holds what the driver reports (97887 MiB = 95.59 GiB); the RTX PRO 6000 guide rounds it to 95.6.
     options = {**SEED_004, "gpu": "rtx-pro-6000-server"}
     del options["gpu_memory_gib"]
     result = plan(**options)
@@ -371,10 +372,10 @@ def test_suggestions_name_the_dcp_gain():
     assert "DCP 8 would hold 8x the KV tokens: 12 full-length sequences instead of 1" in texts
 
 
-# --- seed 000: its pooled arithmetic only on request, and the per-GPU answer ------------------------------------
+# --- the GreenNode guide: its pooled arithmetic only on request, and the per-GPU answer ----------------------------
 
 
-def test_seed_000_pooled_arithmetic_reproduced_on_request():
+def test_greennode_guide_pooled_arithmetic_reproduced_on_request():
     pooled = plan(**SEED_000, gpu_memory_gib=80, pooled=True)
     assert pooled["mode"] == "pooled" and "POOLED" in pooled["warning"]
     assert pooled["total_gpu_gib"] == 1280.0
@@ -387,13 +388,13 @@ def test_seed_000_pooled_arithmetic_reproduced_on_request():
     assert pooled["max_concurrent_sequences"] == 90
 
 
-def test_seed_000_shape_per_gpu_is_not_pooled():
+def test_greennode_guide_shape_per_gpu_is_not_pooled():
     per_gpu = plan(**SEED_000, gpu="h100")
     assert per_gpu["mode"] == "per-gpu"
     assert per_gpu["weights_gib_per_gpu"] == pytest.approx(1017.0 / 16, abs=0.01)
     assert per_gpu["kv_bytes_per_token_per_gpu"] == 31 * 576
     assert per_gpu["max_concurrent_sequences"] == 10  # not ~90
-    # With what vLLM loads for the real INT4 checkpoint instead of the seed's "1,040 B params @ fp8":
+    # With what vLLM loads for the real INT4 checkpoint instead of the guide's "1,040 B params @ fp8":
     options = {k: v for k, v in SEED_000.items() if not k.startswith(("params", "weight_"))}
     assert plan(**options, gpu="h100")["max_concurrent_sequences"] == 60
 

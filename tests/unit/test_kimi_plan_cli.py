@@ -94,7 +94,7 @@ def test_json_object_has_the_contract_keys_and_exit_0_when_it_fits():
     assert plan["max_concurrent_sequences"] == 1
 
 
-def test_seed_004_layouts_through_the_cli():
+def test_rtx_pro_6000_guide_layouts_through_the_cli():
     assert kimi_plan_json(*SEED_004, "--max-model-len", "131072", "--dcp", "8")[1]["max_concurrent_sequences"] == 12
     fp8 = kimi_plan_json(*SEED_004, "--max-model-len", "131072", "--dcp", "8", "--kv-cache-dtype", "fp8")
     assert fp8[1]["max_concurrent_sequences"] == 25
@@ -151,13 +151,13 @@ def test_pooled_only_when_asked_and_labelled():
     assert pooled["kv_tokens"] == 2951927
     assert pooled["max_concurrent_sequences"] == 90
     assert pooled.keys() >= REQUIRED_KEYS
-    # Per GPU, with the seed's own 80 GiB and weights: 0.92 x 80 - 4 - 1017.0 / 16 = 6.04 GiB of KV on each GPU,
+    # Per GPU, with the guide's own 80 GiB and weights: 0.92 x 80 - 4 - 1017.0 / 16 = 6.04 GiB of KV on each GPU,
     # 31 layers x 576 B per token on stage 0: 363,024 tokens, 11 sequences of 32K (not ~90).
     assert pooled["per_gpu_plan"]["max_concurrent_sequences"] == 11
     rc, per_gpu = kimi_plan_json(*SEED_000, "--gpu-memory-gib", "80")
     assert per_gpu["mode"] == "per-gpu" and per_gpu["max_concurrent_sequences"] == 11
     text = kimi_plan("--pooled", *SEED_000, "--gpu-memory-gib", "80").stdout
-    assert text.splitlines()[0].startswith("POOLED arithmetic (seed 000)")
+    assert text.splitlines()[0].startswith("POOLED arithmetic (the GreenNode guide)")
     assert "~90 full-length sequences" in text and "What vLLM actually allocates" in text
 
 

@@ -54,7 +54,7 @@ def test_host_listed_twice_is_refused():
         resolve_node_ranks(["a", "a"], {})
 
 
-def test_seed000_layout_fits_two_nodes_of_eight():
+def test_greennode_layout_fits_two_nodes_of_eight():
     topology = resolve_topology(HOSTS, {}, 8, {"tensor_parallel_size": 8, "pipeline_parallel_size": 2})
     assert topology.problems == []
     assert topology.master_host == "gn-node1"

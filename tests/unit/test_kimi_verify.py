@@ -1,6 +1,6 @@
-"""API checks: the judges on recorded-shape responses (structured tool call, seed 001's "tool calls emitted as
-text", vLLM's 400 for auto without the flags, reasoning split), the argv flag check, then every check against
-a fake server on 127.0.0.1, and the module end to end."""
+"""API checks: the judges on recorded-shape responses (structured tool call, the vLLM Kimi K2 recipe's "tool
+calls emitted as text", vLLM's 400 for auto without the flags, reasoning split), the argv flag check, then every
+check against a fake server on 127.0.0.1, and the module end to end."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_a_structured_tool_call_passes():
     assert result.data["finish_reason"] == "tool_calls"
 
 
-def test_tool_call_returned_as_kimi_text_is_seed_001s_failure():
+def test_tool_call_returned_as_kimi_text_is_the_recipes_failure():
     result = judge_tool_call(completion({"content": KIMI_TEXT_CALL, "tool_calls": []}))
     assert result.is_failure
     assert result.detail.startswith("tool calls emitted as text")
