@@ -56,9 +56,10 @@ options:
     type: float
     default: 0.9
   reserve_gib:
-    description: GiB per GPU kept for activations, CUDA graphs and other non-KV memory.
+    description: GiB per GPU kept for activations, CUDA graphs and other non-KV memory (0, as the kimi role's
+      kimi_reserve_gib and bin/kimi-plan; the RTX PRO 6000 guide keeps 3).
     type: float
-    default: 3.0
+    default: 0.0
   kv_cache_gib_per_gpu:
     description: A measured KV budget per GPU (vLLM's "Available KV cache memory", or VLLM_CPU_KVCACHE_SPACE);
       replaces the computed one.
@@ -181,33 +182,40 @@ table:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.kimi_plan import PlanInputError, plan_from_options, render_text
+from ansible.module_utils.kimi_plan import OPTION_DEFAULTS, PlanInputError, plan_from_options, render_text
 
-PLAN_OPTIONS = dict(
-    model=dict(type="str", default="Kimi-K2.7-Code"),
-    weights_bytes=dict(type="int"),
-    params=dict(type="float"),
-    weight_bytes_per_param=dict(type="float"),
-    weight_overhead=dict(type="float"),
-    gpu=dict(type="str"),
-    gpu_memory_gib=dict(type="float"),
-    gpus_per_node=dict(type="int"),
-    nodes=dict(type="int"),
-    gpu_memory_utilization=dict(type="float", default=0.9),
-    reserve_gib=dict(type="float", default=3.0),
-    kv_cache_gib_per_gpu=dict(type="float"),
-    tp=dict(type="int", default=1),
-    pp=dict(type="int", default=1),
-    dp=dict(type="int"),
-    dcp=dict(type="int", default=1),
-    enable_expert_parallel=dict(type="bool", default=False),
-    kv_cache_dtype=dict(type="str", default="bf16", choices=["bf16", "fp8", "auto", "fp8_e4m3", "fp8_e5m2"]),
-    max_model_len=dict(type="int"),
-    block_size=dict(type="int"),
-    pp_layer_partition=dict(type="str"),
-    language_model_only=dict(type="bool", default=False),
-    pooled=dict(type="bool", default=False),
+# Types per option; the defaults are the planner's own (OPTION_DEFAULTS), the ones bin/kimi-plan uses, so the CLI
+# and the play give the same plan for the same inputs.
+_PLAN_TYPES = dict(
+    model="str",
+    weights_bytes="int",
+    params="float",
+    weight_bytes_per_param="float",
+    weight_overhead="float",
+    gpu="str",
+    gpu_memory_gib="float",
+    gpus_per_node="int",
+    nodes="int",
+    gpu_memory_utilization="float",
+    reserve_gib="float",
+    kv_cache_gib_per_gpu="float",
+    tp="int",
+    pp="int",
+    dp="int",
+    dcp="int",
+    enable_expert_parallel="bool",
+    kv_cache_dtype="str",
+    max_model_len="int",
+    block_size="int",
+    pp_layer_partition="str",
+    language_model_only="bool",
+    pooled="bool",
 )
+PLAN_OPTIONS = {
+    name: {"type": kind, **({"default": OPTION_DEFAULTS[name]} if OPTION_DEFAULTS[name] is not None else {})}
+    for name, kind in _PLAN_TYPES.items()
+}
+PLAN_OPTIONS["kv_cache_dtype"]["choices"] = ["bf16", "fp8", "auto", "fp8_e4m3", "fp8_e5m2"]
 
 SUMMARY_KEYS = (
     "fits",

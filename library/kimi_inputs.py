@@ -1,0 +1,87 @@
+#!/usr/bin/python
+"""Ansible module: judge the inputs of every phase a run goes through, on the controller, before any node changes."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kimi_inputs
+short_description: Refuse, before anything is installed, the inputs a later phase of the run could not use
+description:
+  - Judges, for every host, the values the phases in I(phases) read (the kimi role's cluster values plus what
+    each phase role's C(tasks/inputs.yml) hands over): a checkpoint revision that is a 40-hex commit, a
+    repository id of the form org/name, exact and consistent pins, distinct ports, absolute paths, a known
+    model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
+  - Each problem names the hosts, the variable, the phase that needs it and how to set it; the same problem on
+    several hosts is one entry. Types and choices are the roles' argument specs' job (the kimi role validates
+    each phase role's spec through its C(inputs) entry point before calling this module).
+  - Written by hand because no Ansible or Hub library judges these project-specific relations; version syntax
+    comes from C(packaging), presets from the planner (module_utils/kimi_plan.py).
+  - Changes nothing; supports check mode.
+options:
+  hosts:
+    description: Host name -> the values its phases read (variable name -> value).
+    type: dict
+    required: true
+  phases:
+    description: The phases that will run, already narrowed by --tags/--skip-tags (module_utils/kimi_inputs.PHASES).
+    type: list
+    elements: str
+    required: true
+  plan:
+    description: The registered result of the kimi role's kimi_plan task (failed or not); its problems count too.
+    type: dict
+"""
+
+EXAMPLES = r"""
+- name: Check the inputs of every phase this run goes through
+  kimi_inputs:
+    hosts: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'kimi_inputs'))) }}"
+    phases: "{{ kimi_phases_selected }}"
+    plan: "{{ kimi_plan_result }}"
+  run_once: true
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+problems:
+  description: One entry per problem; C(text) is the line the failure message prints.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - hosts: [gn-h100-node1, gn-h100-node2]
+      variable: checkpoint_revision
+      phase: checkpoint
+      message: is not set
+      fix: pin the 40-hex commit of moonshotai/Kimi-K2.7-Code ...
+      text: "gn-h100-node1, gn-h100-node2: checkpoint_revision is not set (needed by the checkpoint phase); ..."
+phases:
+  description: The phases whose inputs were judged.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.kimi_inputs import failure_message, judge
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "hosts": {"type": "dict", "required": True},
+            "phases": {"type": "list", "elements": "str", "required": True},
+            "plan": {"type": "dict"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    problems = judge(params["hosts"], params["phases"], params["plan"])
+    result = {"changed": False, "problems": problems, "phases": params["phases"]}
+    if problems:
+        module.fail_json(msg=failure_message(problems, params["phases"]), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

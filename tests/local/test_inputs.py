@@ -1,0 +1,137 @@
+"""Every shipped inventory through every phase's input check on the controller (no node is contacted), bad
+input refused before anything runs on a node, --tags/--skip-tags honoured, and the README's `bin/kimi-plan`
+invocation printing the plan the play writes.
+
+site.yml runs here point every node at a closed loopback port: a node task that ran by mistake would show up as
+UNREACHABLE against 127.0.0.1, never as a packet to the inventories' example addresses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.ansible_run import REPO_ROOT, run_playbook
+
+INVENTORIES = REPO_ROOT / "inventories"
+SHIPPED = sorted(p.name for p in INVENTORIES.iterdir() if p.is_dir() and p.name != "lab")
+INPUTS = REPO_ROOT / "playbooks" / "inputs.yml"
+SITE = REPO_ROOT / "site.yml"
+JUDGE = "Judge every host's inputs for those phases (on the controller)"
+# Any node task fails at once (connection refused on loopback) instead of reaching an example address.
+NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
+VALIDATE = "Validate what the inventory and -e set for each phase's roles against the role's argument spec"
+
+
+def messages(result) -> str:
+    """Every failure message, loop items' included (a loop's own message only says an item failed)."""
+    found = []
+    for failure in result.failures:
+        found.append(failure["msg"])
+        found += [item.get("msg", "") for item in failure["result"].get("results", []) if item.get("failed")]
+    return "\n".join(found)
+
+
+def run_inputs(inventory: str, tmp_path, **extravars):
+    return run_playbook(
+        INPUTS, INVENTORIES / inventory, extravars=extravars, envvars={"KIMI_REPORT_DIR": str(tmp_path)}, timeout=300
+    )
+
+
+@pytest.mark.parametrize("inventory", SHIPPED)
+def test_every_shipped_inventory_passes_every_phases_input_check(inventory, tmp_path):
+    result = run_inputs(inventory, tmp_path)
+    assert result.rc == 0, result.failure_messages()
+    assert not result.unreachable_hosts
+    judged = next(iter(result.results_of(JUDGE).values()))
+    assert judged["phases"] == ["preflight", "stack", "parity", "checkpoint", "serve", "verify"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["fits"], plan["reasons"]
+
+
+def test_the_shipped_inventories_are_the_production_ones():
+    assert {"greennode", "h200-dp-ep", "rtx-pro-6000"} <= set(SHIPPED)
+
+
+def test_a_missing_revision_is_refused_naming_variable_host_and_phase(tmp_path):
+    result = run_inputs("greennode", tmp_path, checkpoint_revision="")
+    assert result.rc != 0
+    (message,) = {f["msg"] for f in result.failures}
+    assert "gn-h100-node1, gn-h100-node2: checkpoint_revision is not set (needed by the checkpoint phase)" in message
+    assert "--skip-tags checkpoint" in message
+
+
+def refused_by_site(tmp_path, **kwargs):
+    extravars = {**NOWHERE, **kwargs.pop("extravars", {})}
+    started = time.monotonic()
+    result = run_playbook(
+        SITE,
+        INVENTORIES / "greennode",
+        extravars=extravars,
+        envvars={"KIMI_REPORT_DIR": str(tmp_path)},
+        timeout=300,
+        **kwargs,
+    )
+    return result, time.monotonic() - started
+
+
+def test_site_refuses_bad_input_before_any_node_is_contacted(tmp_path):
+    result, _ = refused_by_site(
+        tmp_path, extravars={"checkpoint_revision": "main", "kimi_vllm_pip_pins": {"vllm": ">=0.23"}}
+    )
+    assert result.rc != 0
+    assert not result.unreachable_hosts, "a node was contacted before the inputs were judged"
+    tasks = {f["task"] for f in result.failures}
+    assert tasks == {JUDGE}, result.failure_messages()
+    message = result.failures[0]["msg"]
+    assert "checkpoint_revision must be a 40-hex commit sha" in message
+    assert "kimi_vllm_pip_pins vllm must be pinned to one exact version" in message
+    assert not (tmp_path / "preflight.json").exists()
+
+
+def test_a_type_error_in_a_later_phase_is_refused_in_the_first(tmp_path):
+    # As typed on the command line: a string where the checkpoint role's spec wants an int.
+    result, _ = refused_by_site(tmp_path, extravars={"checkpoint_margin_bytes": "ten gigabytes"})
+    assert result.rc != 0 and not result.unreachable_hosts
+    assert "argument 'checkpoint_margin_bytes' is of type str and we were unable to convert to int" in messages(result)
+    assert {f["task"] for f in result.failures} == {VALIDATE}
+
+
+def test_skipped_phases_are_not_judged(tmp_path):
+    # With the checkpoint phase skipped its revision does not matter: the run gets past the inputs and stops
+    # at the first node task (the closed loopback port).
+    result, _ = refused_by_site(tmp_path, extravars={"checkpoint_revision": "main"}, skip_tags="checkpoint")
+    assert JUDGE not in {f["task"] for f in result.failures}
+    assert result.unreachable_hosts == ["gn-h100-node1", "gn-h100-node2"]
+    result, _ = refused_by_site(tmp_path, extravars={"checkpoint_revision": "main"}, tags="serve")
+    assert JUDGE not in {f["task"] for f in result.failures}
+    result, _ = refused_by_site(tmp_path, extravars={"vllm_serve_layout": "k8s"}, tags="serve")
+    assert {f["task"] for f in result.failures} == {VALIDATE} and not result.unreachable_hosts
+    assert "value of vllm_serve_layout must be one of: mp, ray, dp_ep, single, got: k8s" in messages(result)
+
+
+def readme_plan_command() -> list[str]:
+    text = (REPO_ROOT / "README.md").read_text()
+    match = re.search(r"`(bin/kimi-plan [^`]+)`", text)
+    assert match, "README.md shows no bin/kimi-plan invocation"
+    return shlex.split(match.group(1).replace("\n", " "))
+
+
+def test_the_readmes_plan_command_prints_the_plan_the_play_writes(tmp_path):
+    result = run_inputs("greennode", tmp_path)
+    assert result.rc == 0, result.failure_messages()
+    played = json.loads((tmp_path / "plan.json").read_text())
+    command = readme_plan_command()
+    printed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / command[0]), *command[1:], "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(printed.stdout) == played
