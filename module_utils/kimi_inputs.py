@@ -401,7 +401,7 @@ def plan_problems(plan_result: Mapping[str, Any] | None) -> list[Problem]:
     reasons = list(plan_result.get("reasons") or [])
     return [
         Problem(
-            "the layout",
+            "the plan",
             "serve",
             "does not fit: " + "; ".join(reasons),
             "bin/kimi-plan prints the per-GPU budget and suggestions (docs/planner.md)",

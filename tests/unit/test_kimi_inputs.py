@@ -159,7 +159,7 @@ def test_the_planners_verdict_names_the_kimi_variable():
     problem = only(problems(plan=failed), "kimi_pipeline_parallel_size")
     assert problem["message"] == "must be >= 1 (got 0)" and problem["hosts"] == ["node1", "node2"]
     misfit = {"fits": False, "reasons": ["PP 5 exceeds the 4 layers"]}
-    assert "PP 5 exceeds the 4 layers" in only(problems(plan=misfit), "the layout")["message"]
+    assert "PP 5 exceeds the 4 layers" in only(problems(plan=misfit), "the plan")["message"]
     # The plan only matters to the phases that size memory.
     assert problems(["stack", "checkpoint"], plan=misfit) == []
 
