@@ -28,6 +28,7 @@ LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 RAY_PLAYBOOKS = REPO_ROOT / "tests" / "lab" / "playbooks"
 API = "http://198.18.0.11:8000"
 RANK0, HEADLESS = ("node1", "kimi-vllm.service"), ("node2", "kimi-vllm-headless.service")
+STOPPED_BY_AN_EARLIER_FAILURE = "Stop this phase when a node of the group failed an earlier phase of this run"
 
 
 def run_site(**kwargs):
@@ -174,3 +175,42 @@ def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving):
     finally:
         removed = run_playbook(RAY_PLAYBOOKS / "ray_cluster_remove.yml", LAB_INVENTORY)
         assert removed.rc == 0, removed.failure_messages()
+
+
+def test_a_node_failing_a_phase_stops_the_later_phases_and_the_healthy_node_is_not_touched(serving):
+    # node2's checkpoint must be fetched again (its marker is gone) and its hf CLI fails: node2 fails the
+    # checkpoint phase. The serve and verify phases must stop at their start with one message naming node2,
+    # the phase and what failed, and rank 0 on node1 must keep running as it was.
+    hf = "/opt/kimi-hf/2.4.0/bin/hf"
+    marker = "/data/models/lab-mini/.kimi-checkpoint.json"
+    before_rank0 = unit(serving, RANK0)
+    broken = serving.ssh(
+        "node2",
+        f"cp -p {hf} {hf}.kept && rm -f {marker} && "
+        f"printf '#!/bin/sh\\necho hf: simulated failure >&2\\nexit 3\\n' > {hf}",
+    )
+    assert broken.returncode == 0, broken.stderr
+    try:
+        result = run_site()
+        assert result.rc != 0
+        checkpoint_failures = [f for f in result.failures if f["host"] == "node2" and not f["unreachable"]]
+        assert checkpoint_failures, result.failure_messages()
+        stops = [
+            f
+            for f in result.failures
+            if f["task"] == "Stop this phase when a node of the group failed an earlier phase of this run"
+        ]
+        assert len(stops) == 1, result.failure_messages()
+        message = stops[0]["msg"]
+        assert message.startswith("node2 failed in the checkpoint phase at '"), message
+        assert "the serve phase needs every node of the group, so it stops here and changes nothing on node1" in message
+        assert "Mend node2 and run again" in message
+        # Nothing of the serve phase ran: no HostVarsVars error, rank 0 not restarted.
+        assert not any("HostVarsVars" in m for m in result.failure_messages())
+        after = unit(serving, RANK0)
+        assert after["InvocationID"] == before_rank0["InvocationID"] and after["ActiveState"] == "active"
+    finally:
+        serving.ssh("node2", f"mv -f {hf}.kept {hf}")
+    repaired = run_site(tags="checkpoint")
+    assert repaired.rc == 0, repaired.failure_messages()
+    assert serving.ssh("node2", f"test -s {marker}").returncode == 0
