@@ -145,42 +145,46 @@ def units_of(files: dict[str, str]) -> dict[str, str]:
 
 # The guides' launch commands (docs/sources.md), word for word (the model path and $NODE1_IP / $MASTER_IP / $PORT
 # substituted).
-SEED_000_NODE1 = (
+GREENNODE_NODE1 = (
     "vllm serve MODEL --served-model-name kimi-k2 -tp 8 -pp 2 --trust-remote-code --tool-call-parser kimi_k2 "
     "--reasoning-parser kimi_k2 --enable-auto-tool-choice --enable-expert-parallel --mm-encoder-tp-mode data "
     "--master-addr 10.20.0.11 --nnodes 2 --node-rank 0"
 )
-SEED_000_NODE2 = SEED_000_NODE1.replace("--node-rank 0", "--node-rank 1 --headless")
-SEED_001_COMMON = (
+GREENNODE_NODE2 = GREENNODE_NODE1.replace("--node-rank 0", "--node-rank 1 --headless")
+RECIPE_COMMON = (
     "--port 8000 --served-model-name kimi-k2 --trust-remote-code --data-parallel-size 16 "
     "--data-parallel-size-local 8 --data-parallel-address 10.30.0.10 --data-parallel-rpc-port 13345 "
     "--enable-expert-parallel --max-num-batched-tokens 8192 --max-num-seqs 256 --gpu-memory-utilization 0.85 "
     "--enable-auto-tool-choice --tool-call-parser kimi_k2"
 )
-SEED_001_NODE0 = "vllm serve MODEL " + SEED_001_COMMON
-SEED_001_NODE1 = "vllm serve MODEL --headless --data-parallel-start-rank 8 " + SEED_001_COMMON
-SEED_001_RAY = (
+RECIPE_NODE0 = "vllm serve MODEL " + RECIPE_COMMON
+RECIPE_NODE1 = "vllm serve MODEL --headless --data-parallel-start-rank 8 " + RECIPE_COMMON
+RECIPE_RAY = (
     "vllm serve MODEL --port 8000 --served-model-name kimi-k2 --trust-remote-code --tensor-parallel-size 16 "
     "--distributed-executor-backend ray --enable-auto-tool-choice --tool-call-parser kimi_k2"
 )
-SEED_004 = (
+RTX_PRO_6000 = (
     "vllm serve MODEL --tensor-parallel-size 8 --tool-call-parser kimi_k2 --enable-auto-tool-choice "
     "--reasoning-parser kimi_k2 --language-model-only --decode-context-parallel-size 8"
 )
 
-SEEDS = {
-    "GreenNode node 1": ("greennode-mp", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", SEED_000_NODE1),
-    "GreenNode node 2": ("greennode-mp", "gn-h100-node2/etc/systemd/system/kimi-vllm-headless.service", SEED_000_NODE2),
-    "vLLM recipe DP+EP 0": ("h200-dp-ep", "h200-node0/etc/systemd/system/kimi-vllm.service", SEED_001_NODE0),
-    "vLLM recipe DP+EP 1": ("h200-dp-ep", "h200-node1/etc/systemd/system/kimi-vllm-headless.service", SEED_001_NODE1),
-    "vLLM recipe TP16 on Ray": ("greennode-ray", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", SEED_001_RAY),
-    "RTX PRO 6000 TP8 + DCP8": ("rtx-pro-6000", "rtx6000-node1/etc/systemd/system/kimi-vllm.service", SEED_004),
+GUIDE_COMMANDS = {
+    "GreenNode node 1": ("greennode-mp", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", GREENNODE_NODE1),
+    "GreenNode node 2": (
+        "greennode-mp",
+        "gn-h100-node2/etc/systemd/system/kimi-vllm-headless.service",
+        GREENNODE_NODE2,
+    ),
+    "vLLM recipe DP+EP 0": ("h200-dp-ep", "h200-node0/etc/systemd/system/kimi-vllm.service", RECIPE_NODE0),
+    "vLLM recipe DP+EP 1": ("h200-dp-ep", "h200-node1/etc/systemd/system/kimi-vllm-headless.service", RECIPE_NODE1),
+    "vLLM recipe TP16 on Ray": ("greennode-ray", "gn-h100-node1/etc/systemd/system/kimi-vllm.service", RECIPE_RAY),
+    "RTX PRO 6000 TP8 + DCP8": ("rtx-pro-6000", "rtx6000-node1/etc/systemd/system/kimi-vllm.service", RTX_PRO_6000),
 }
 
 
-@pytest.mark.parametrize("guide", SEEDS)
+@pytest.mark.parametrize("guide", GUIDE_COMMANDS)
 def test_each_guide_command_is_reproduced_flag_for_flag(rendered, guide):
-    case, unit, command = SEEDS[guide]
+    case, unit, command = GUIDE_COMMANDS[guide]
     ours = flag_map(exec_start_argv(rendered[case][unit])[1:])
     theirs = flag_map(shlex.split(command)[2:])
     missing = {flag: value for flag, value in theirs.items() if flag not in ours}
