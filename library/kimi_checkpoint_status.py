@@ -8,7 +8,10 @@ module: kimi_checkpoint_status
 short_description: Checkpoint state on a node (marker, plan and free space, download job, progress, verify)
 description:
   - C(marker) reads the marker and says whether it records this repository, commit and patterns; it does not
-    list the checkpoint directory (so a finished checkpoint costs one small read).
+    list the checkpoint directory. It stats every file the marker records (size, mtime_ns, inode) and names
+    those that changed since their verification (C(stale)), so a finished checkpoint costs one small read and
+    a stat per file. With I(sample_files) it also hashes that many recorded files, chosen by I(sample_index),
+    against the Hub checksum the marker records (drift's rotating sample).
   - C(plan) compares the listed files with what is on disk, reports missing bytes and the free space of the
     filesystem that holds the directory, and with I(repair) deletes files at a wrong size and those a failed
     verification recorded as bad.
@@ -19,8 +22,9 @@ description:
   - C(stop) stops the job (its process group: the script and hf; SIGTERM, then SIGKILL) and says why in a
     message naming the host, the bytes on disk and the seconds without progress; C(wait) uses it when the
     download stalled.
-  - C(verify) checks every listed file's size, and its sha256 or git blob id where the Hub gave one; bad files
-    are recorded so the next C(plan) with I(repair) deletes them.
+  - C(verify) checks every listed file's size, and its sha256 or git blob id where the Hub gave one (with
+    I(only), the content of those files alone); bad files are recorded so the next C(plan) with I(repair)
+    deletes them. It returns each file's marker entry (Hub checksum and stat) for the role to write.
 options:
   mode:
     description: >-
@@ -60,6 +64,18 @@ options:
   repair: {type: bool, default: false}
   margin_bytes: {description: Free space kept on top of the missing bytes (plan)., type: int, default: 0}
   checksums: {type: bool, default: true}
+  only:
+    description: verify - check the content of these paths only (sizes are checked for all); null = all.
+    type: list
+    elements: str
+  sample_files:
+    description: marker - recorded files to hash against the marker's checksums; 0 = none.
+    type: int
+    default: 0
+  sample_index:
+    description: marker - which window of I(sample_files) files (in name order, wrapping) to hash.
+    type: int
+    default: 0
   script: {description: The download script C(start) runs., type: path}
   launcher: {type: str, default: auto, choices: [auto, systemd, nohup]}
   unit: {description: Transient systemd unit name., type: str, default: kimi-checkpoint-download}
@@ -77,6 +93,20 @@ EXAMPLES = r"""
 
 RETURN = r"""
 matches: {description: The marker records this repo, commit and patterns (marker mode)., type: bool}
+old_version: {description: The marker is of an earlier version, without file stats (marker)., type: bool}
+files_recorded: {description: Number of files with a stat in the marker (marker)., type: int}
+stale:
+  description: One line per recorded file missing or changed (size, mtime_ns, inode) since verification (marker).
+  type: list
+stale_paths: {description: Their paths (marker)., type: list}
+sampled: {description: The files hashed for the sample (marker)., type: list}
+sample_problems: {description: One line per sampled file not matching its recorded checksum (marker)., type: list}
+files:
+  description: verify - path to its marker entry (sha256, git_oid, size, mtime_ns, ino) for every file on disk.
+  type: dict
+bad: {description: The paths of the bad files (verify)., type: list}
+hashed: {description: How many files had their content checked (verify)., type: int}
+marker_version: {description: The marker version to write with these entries (verify)., type: int}
 missing: {description: Files still to download (plan)., type: list}
 missing_bytes: {description: Their listed bytes (plan)., type: int}
 free_bytes: {description: Free bytes where the directory lives (plan)., type: int}
@@ -103,17 +133,23 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.kimi_checkpoint import (
+    MARKER_VERSION,
     RepoFile,
     bad_paths,
     disk_shortfall,
     error_line,
     existing_ancestor,
+    file_stat,
+    is_old_marker,
+    marker_files,
     marker_matches,
     plan,
     progress_line,
     rate,
     read_marker,
+    sample_check,
     stall_message,
+    stat_differences,
     verify,
 )
 
@@ -347,6 +383,55 @@ def progress(params: dict, directory: Path, state_dir: Path) -> dict:
     }
 
 
+def read_marker_state(params: dict, directory: Path) -> dict:
+    """The marker, whether it matches the pin, and the recorded files whose stat or (sampled) content changed."""
+    try:
+        marker = read_marker((directory / params["marker"]).read_text())
+    except OSError:
+        marker = None
+    matches = marker_matches(marker, params["repo_id"], params["revision"], params["include"], params["exclude"])
+    recorded = (marker or {}).get("files")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    stale = stat_differences(recorded, {name: file_stat(directory / name) for name in recorded})
+    stale_paths = bad_paths(stale)
+    sampled, sample_problems = sample_check(
+        directory, recorded, params["sample_files"], params["sample_index"], set(stale_paths)
+    )
+    return {
+        "changed": False,
+        "marker": marker,
+        "matches": matches,
+        "old_version": is_old_marker(marker),
+        "files_recorded": len(recorded),
+        "stale": stale,
+        "stale_paths": stale_paths,
+        "sampled": sampled,
+        "sample_problems": sample_problems,
+    }
+
+
+def run_verify(module: AnsibleModule, directory: Path, state_dir: Path | None) -> dict:
+    """Verify, record the bad files for the repair, and hand back every file's marker entry (its stat now)."""
+    params = module.params
+    files = repo_files(params)
+    problems = verify(directory, files, params["checksums"], params["only"])
+    if problems and state_dir is not None and not module.check_mode:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / BAD_FILE).write_text(json.dumps(bad_paths(problems)))
+    # Stats after the hashing: what the marker written from this answer must find on the next run.
+    entries = marker_files(files, {f.path: file_stat(directory / f.path) for f in files})
+    return {
+        "changed": False,
+        "problems": problems,
+        "ok": not problems,
+        "bad": bad_paths(problems),
+        # How many files had their content checked (all, or those of `only`): sizes are checked for every one.
+        "hashed": sum(1 for f in files if params["checksums"] and (params["only"] is None or f.path in params["only"])),
+        "files": entries,
+        "marker_version": MARKER_VERSION,
+    }
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -374,6 +459,9 @@ def main() -> None:
             "repair": {"type": "bool", "default": False},
             "margin_bytes": {"type": "int", "default": 0},
             "checksums": {"type": "bool", "default": True},
+            "only": {"type": "list", "elements": "str"},
+            "sample_files": {"type": "int", "default": 0},
+            "sample_index": {"type": "int", "default": 0},
             "script": {"type": "path"},
             "launcher": {"type": "str", "default": "auto", "choices": ["auto", "systemd", "nohup"]},
             "unit": {"type": "str", "default": "kimi-checkpoint-download"},
@@ -385,12 +473,7 @@ def main() -> None:
     state_dir = Path(params["state_dir"]) if params["state_dir"] else None
     mode = params["mode"]
     if mode == "marker":
-        try:
-            marker = read_marker((directory / params["marker"]).read_text())
-        except OSError:
-            marker = None
-        matches = marker_matches(marker, params["repo_id"], params["revision"], params["include"], params["exclude"])
-        module.exit_json(changed=False, marker=marker, matches=matches)
+        module.exit_json(**read_marker_state(params, directory))
     if mode in ("start", "progress", "wait", "stop") and state_dir is None:
         module.fail_json(msg=f"mode {mode} needs state_dir")
     if mode == "plan":
@@ -401,11 +484,7 @@ def main() -> None:
         module.exit_json(**progress(params, directory, state_dir))
     if mode == "stop":
         module.exit_json(**stop(module, directory, state_dir))
-    problems = verify(directory, repo_files(params), params["checksums"])
-    if problems and state_dir is not None and not module.check_mode:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        (state_dir / BAD_FILE).write_text(json.dumps(bad_paths(problems)))
-    module.exit_json(changed=False, problems=problems, ok=not problems)
+    module.exit_json(**run_verify(module, directory, state_dir))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ description:
   - Runs once, on the controller, after playbooks/drift.yml gathered everything. It does not contact the nodes.
   - Reads the JSON lines the kimi_drift_changes callback wrote during the check-mode converge (every change it
     would make, with its diff), and turns them, kimi_parity's result, each node's checkpoint marker, the
-    state of its vLLM units and rank 0's /health answer into findings per host.
+    stat of the files it records (and the sample hashed), the state of its vLLM units and rank 0's /health
+    answer into findings per host.
   - Writes C(drift-<stamp>.json) and C(drift-<stamp>.md) into I(report_dir), copies them to
     C(drift-latest.json) and C(drift-latest.md), and keeps the newest I(keep) timestamped reports (with
     their C(.converge.jsonl) records).
@@ -51,8 +52,9 @@ options:
   nodes:
     description:
       - Host to what was read there - unreachable (bool) and msg, stack_error (why kimi_stack_facts failed),
-        marker (the slurp result of the checkpoint marker), units (the result of systemctl show for the vLLM
-        units), health (the uri result, rank 0).
+        marker (the slurp result of the checkpoint marker), checkpoint_files (kimi_checkpoint_status
+        mode=marker - the recorded files whose size, mtime or inode changed, and the rotating sample hashed),
+        units (the result of systemctl show for the vLLM units), health (the uri result, rank 0).
     type: dict
     default: {}
   checkpoint:

@@ -11,11 +11,17 @@ import fnmatch
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+import stat
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
-MARKER_VERSION = 1
+# 2: the marker records every file's Hub checksum and its size, mtime_ns and inode at verification, so a file
+# changed after it was marked is found by a stat (the role before trusting the marker, drift on its schedule).
+MARKER_VERSION = 2
+# What a stat compares. Not st_dev: on NFS every client numbers the mount itself, so a shared copy would differ
+# per node. Not ctime: chown/chmod (the role's own ownership task) change it without touching the content.
+STAT_FIELDS = ("size", "mtime_ns", "ino")
 # Read files in 8 MiB blocks: large enough that hashing a 600 GB checkpoint is disk-bound, not call-bound.
 HASH_BLOCK = 8 << 20
 
@@ -196,9 +202,22 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify(directory: Path, files: list[RepoFile], checksums: bool) -> list[str]:
-    """Problems with the local copy, one per bad file, naming it; empty when every file is as listed."""
+def content_problem(path: Path, name: str, sha256: str | None, git_oid: str | None) -> str | None:
+    """Why the file's content is not the Hub's (sha256 where given, else the git blob id); None when it is."""
+    if sha256 and file_sha256(path) != sha256:
+        return f"{name}: sha256 differs from the Hub's {sha256}"
+    if not sha256 and git_oid and git_blob_sha1(path) != git_oid:
+        return f"{name}: git blob id differs from the Hub's {git_oid}"
+    return None
+
+
+def verify(directory: Path, files: list[RepoFile], checksums: bool, only: list[str] | None = None) -> list[str]:
+    """Problems with the local copy, one per bad file, naming it; empty when every file is as listed.
+
+    Every file's size is checked; with `only`, the content of those files alone (the others passed before).
+    """
     problems = []
+    hashed = None if only is None else set(only)
     for repo_file in files:
         path = directory / repo_file.path
         if not path.is_file():
@@ -208,17 +227,76 @@ def verify(directory: Path, files: list[RepoFile], checksums: bool) -> list[str]
         if size != repo_file.size:
             problems.append(f"{repo_file.path}: size {size}, listed {repo_file.size}")
             continue
-        if not checksums:
+        if not checksums or (hashed is not None and repo_file.path not in hashed):
             continue
-        if repo_file.sha256 and file_sha256(path) != repo_file.sha256:
-            problems.append(f"{repo_file.path}: sha256 differs from the Hub's {repo_file.sha256}")
-        elif not repo_file.sha256 and repo_file.git_oid and git_blob_sha1(path) != repo_file.git_oid:
-            problems.append(f"{repo_file.path}: git blob id differs from the Hub's {repo_file.git_oid}")
+        if problem := content_problem(path, repo_file.path, repo_file.sha256, repo_file.git_oid):
+            problems.append(problem)
     return problems
 
 
 def bad_paths(problems: list[str]) -> list[str]:
     return [problem.split(": ", 1)[0] for problem in problems]
+
+
+# ------------------------------------------------------------------------------- file stats in the marker
+
+
+def file_stat(path: Path) -> dict[str, int] | None:
+    """The STAT_FIELDS of a regular file (symlinks followed, as vLLM reads them); None when there is none."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    return {"size": found.st_size, "mtime_ns": found.st_mtime_ns, "ino": found.st_ino}
+
+
+def marker_files(files: list[RepoFile], stats: dict[str, dict[str, int] | None]) -> dict[str, dict]:
+    """The marker's per-file record: the Hub's checksum (drift hashes against it without the Hub) and the stat
+    at verification. A file without a stat is left out: the marker is written only once all files verified."""
+    entries = {}
+    for repo_file in files:
+        found = stats.get(repo_file.path)
+        if found is None:
+            continue
+        entries[repo_file.path] = {"sha256": repo_file.sha256, "git_oid": repo_file.git_oid, **found}
+    return entries
+
+
+def stat_differences(recorded: dict[str, dict], seen: dict[str, dict[str, int] | None]) -> list[str]:
+    """One line per recorded file whose size, mtime or inode is not what the marker recorded, or that is gone.
+
+    A same-size overwrite in place (dd conv=notrunc) changes the mtime; a replaced file (cp, a new download)
+    has a new inode. Only content restored together with its mtime escapes this: the sample hash finds that.
+    """
+    problems = []
+    for name in sorted(recorded):
+        entry, now = recorded[name] or {}, seen.get(name)
+        if now is None:
+            problems.append(f"{name}: missing")
+            continue
+        changed = [
+            f"{key} {now.get(key)}, recorded {entry.get(key)}" for key in STAT_FIELDS if entry.get(key) != now.get(key)
+        ]
+        if changed:
+            problems.append(f"{name}: changed since its verification ({'; '.join(changed)})")
+    return problems
+
+
+def has_checksum(entry: dict | None) -> bool:
+    return bool((entry or {}).get("sha256") or (entry or {}).get("git_oid"))
+
+
+def sample_files(recorded: dict[str, dict], count: int, index: int) -> list[str]:
+    """`count` files with a recorded checksum, chosen by `index` so that consecutive indexes walk through all
+    of them in turn (index i takes the i-th window of `count` names in sorted order, wrapping around)."""
+    names = sorted(name for name, entry in recorded.items() if has_checksum(entry))
+    if count <= 0 or not names:
+        return []
+    count = min(count, len(names))
+    start = (index * count) % len(names)
+    return [names[(start + offset) % len(names)] for offset in range(count)]
 
 
 # ------------------------------------------------------------------------------------------------- marker
@@ -233,13 +311,22 @@ class Marker:
     include: list[str]
     exclude: list[str]
     verified_at: str
+    files: dict[str, dict] = field(default_factory=dict)
     version: int = MARKER_VERSION
 
 
 def marker_for(
-    repo_id: str, revision: str, files: list[RepoFile], include: list[str], exclude: list[str], when: str
+    repo_id: str,
+    revision: str,
+    files: list[RepoFile],
+    include: list[str],
+    exclude: list[str],
+    when: str,
+    stats: dict[str, dict[str, int] | None] | None = None,
 ) -> Marker:
-    return Marker(repo_id, revision, len(files), sum(f.size for f in files), list(include), list(exclude), when)
+    entries = marker_files(files, stats or {})
+    size = sum(f.size for f in files)
+    return Marker(repo_id, revision, len(files), size, list(include), list(exclude), when, entries)
 
 
 def marker_json(marker: Marker) -> str:
@@ -258,16 +345,47 @@ def read_marker(text: str | None) -> dict | None:
 
 
 def marker_matches(marker: dict | None, repo_id: str, revision: str, include: list[str], exclude: list[str]) -> bool:
-    """True when the marker records this repository at this commit with these patterns.
+    """True when the marker records this repository at this commit with these patterns, at this version.
 
-    `revision` must be a commit sha: a branch could have moved, so it never matches a marker by name.
+    `revision` must be a commit sha: a branch could have moved, so it never matches a marker by name. A marker
+    of an older version does not match: the role verifies once more and rewrites it (now with file stats).
     """
+    if marker is None or marker.get("version") != MARKER_VERSION:
+        return False
+    return pin_matches(marker, repo_id, revision, include, exclude)
+
+
+def is_old_marker(marker: dict | None) -> bool:
+    """A marker of an earlier version (1: no per-file stats), readable but to be rewritten by the next run."""
+    version = (marker or {}).get("version")
+    return isinstance(version, int) and version < MARKER_VERSION
+
+
+def pin_matches(marker: dict | None, repo_id: str, revision: str, include: list[str], exclude: list[str]) -> bool:
+    """marker_matches without the version: the marker is for this pin, whatever it records beyond that."""
     if marker is None or not is_commit_sha(revision):
         return False
     return (
-        marker.get("version") == MARKER_VERSION
-        and marker.get("repo_id") == repo_id
+        marker.get("repo_id") == repo_id
         and marker.get("revision") == revision
         and list(marker.get("include") or []) == list(include)
         and list(marker.get("exclude") or []) == list(exclude)
     )
+
+
+def sample_check(
+    directory: Path, recorded: dict[str, dict], count: int, index: int, skip: set[str]
+) -> tuple[list[str], list[str]]:
+    """Hash the rotating sample (sample_files) against the checksums the marker recorded: (hashed, problems).
+
+    Files in `skip` (already found changed by their stat) are not hashed again.
+    """
+    hashed = [name for name in sample_files(recorded, count, index) if name not in skip]
+    problems = []
+    for name in hashed:
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+        elif problem := content_problem(path, name, recorded[name].get("sha256"), recorded[name].get("git_oid")):
+            problems.append(problem)
+    return hashed, problems

@@ -23,7 +23,8 @@ from typing import Any
 from ansible.module_utils.kimi_checkpoint import (  # type: ignore[import-not-found]
     MARKER_VERSION,
     is_commit_sha,
-    marker_matches,
+    is_old_marker,
+    pin_matches,
     read_marker,
 )
 from ansible.module_utils.kimi_serve import API_UNIT, HEADLESS_UNIT  # type: ignore[import-not-found]
@@ -39,7 +40,9 @@ KINDS = (
     "version",  # a pinned deb or wheel at another version
     "hold",  # a pinned deb that is not held
     "parity",  # any other difference between nodes (driver, CUDA, NCCL, environment, interfaces)
-    "checkpoint",  # the marker missing, unverified, or for another repository or revision
+    # the marker missing, unverified, old, or for another repository or revision; a file changed since its
+    # verification (stat) or not its recorded checksum (rotating sample)
+    "checkpoint",
     "service",  # a vLLM unit not installed, not active, or where it should not be
     "health",  # rank 0's /health not answering 200
     "incomplete",  # something drift needs could not be established (the pin set, the checkpoint settings)
@@ -55,6 +58,8 @@ COMMAND_ACTIONS = {"command", "shell", "raw", "script"}
 UNIT_FILE = re.compile(r"(^|/)kimi-[A-Za-z0-9_.@-]*\.service$")
 ENV_FILE = re.compile(r"(^|/)etc/kimi/[^/]+\.env$")
 PIP_COMMAND = re.compile(r"(^|[\s/])(pip3?|-m pip)(\s|$)")
+# Changed checkpoint files named one finding each, up to this many; the rest are counted in one more finding.
+CHANGED_FILES_SHOWN = 10
 # Lines of the converge's own output kept when it failed: the end is where the reason is.
 TAIL_LINES = 40
 TABLE_COLUMNS = (
@@ -439,11 +444,16 @@ def marker_text(read: dict[str, Any] | None) -> tuple[str | None, str | None]:
     return None, f"unreadable: {message or 'no content'}"
 
 
-def checkpoint_state(host: str, read: dict[str, Any] | None, expected: dict[str, Any]) -> tuple[str, list[Finding]]:
-    """The marker's state on one node (ok, missing, unverified, mismatch, ...) and why it is drift.
+def checkpoint_state(
+    host: str, read: dict[str, Any] | None, expected: dict[str, Any], files: dict[str, Any] | None = None
+) -> tuple[str, list[Finding]]:
+    """The marker's state on one node (ok, missing, unverified, mismatch, old marker, changed, corrupt, ...)
+    and why it is drift.
 
-    The verdict is the checkpoint role's own (marker_matches). A branch revision (checkpoint_allow_branch)
-    is compared by the name the marker says it was resolved from, since drift does not ask the Hub.
+    The pin verdict is the checkpoint role's own (pin_matches, and the marker version). A branch revision
+    (checkpoint_allow_branch) is compared by the name the marker says it was resolved from, since drift does
+    not ask the Hub. `files`: the node's answer of kimi_checkpoint_status mode=marker (each recorded file's
+    stat compared with the marker, and the rotating sample hashed), absent or skipped when not read.
     """
     repo_id = str(expected.get("repo_id") or "")
     revision = str(expected.get("revision") or "")
@@ -468,15 +478,15 @@ def checkpoint_state(host: str, read: dict[str, Any] | None, expected: dict[str,
     marker = read_marker(text)
     if marker is None:
         return "unreadable", [Finding("checkpoint", host, f"checkpoint marker {path} is not valid JSON", fix=fix)]
-    if marker_matches(marker, repo_id, revision, include, exclude):
-        state = "ok"
+    if pin_matches(marker, repo_id, revision, include, exclude):
+        pinned = True
     elif not is_commit_sha(revision) and expected.get("allow_branch"):
         resolved = marker.get("resolved_from")
-        matches = marker_matches(marker, repo_id, str(marker.get("revision") or ""), include, exclude)
-        state = "ok" if matches and resolved == revision else "mismatch"
+        pinned = pin_matches(marker, repo_id, str(marker.get("revision") or ""), include, exclude)
+        pinned = pinned and resolved == revision
     else:
-        state = "mismatch"
-    if state == "mismatch":
+        pinned = False
+    if not pinned or (marker.get("version") != MARKER_VERSION and not is_old_marker(marker)):
         differences = []
         for key, wanted in (("repo_id", repo_id), ("revision", revision), ("include", include), ("exclude", exclude)):
             have = marker.get(key) if key in ("repo_id", "revision") else list(marker.get(key) or [])
@@ -490,7 +500,69 @@ def checkpoint_state(host: str, read: dict[str, Any] | None, expected: dict[str,
         return "mismatch", [Finding("checkpoint", host, title, detail=str(path), fix=fix)]
     if not marker.get("verified_at"):
         return "unverified", [Finding("checkpoint", host, f"checkpoint marker {path} records no verification", fix=fix)]
-    return "ok", []
+    if is_old_marker(marker):
+        title = (
+            f"checkpoint marker {path} is version {marker.get('version')}: it records no per-file size, mtime and "
+            "inode, so the checkpoint files cannot be checked until the next converge rewrites it"
+        )
+        rewrite = f"{fix} (it verifies every file once and rewrites the marker as version {MARKER_VERSION})"
+        return "old marker", [Finding("checkpoint", host, title, fix=rewrite)]
+    return checkpoint_files_state(host, files, str(path))
+
+
+def checkpoint_files_state(host: str, files: dict[str, Any] | None, marker_path: str) -> tuple[str, list[Finding]]:
+    """The files a current marker records: changed since their verification (their stat), or, for the
+    rotating sample, not the content the marker's Hub checksum says."""
+    if not files or files.get("skipped"):
+        return "ok", []
+    if files.get("failed") or "stale" not in files:
+        message = " ".join(str(files.get("msg") or "no answer").split())
+        return "unknown", [Finding("checkpoint", host, f"could not check the checkpoint files: {message}")]
+    directory = marker_path.rsplit("/", 1)[0] if "/" in marker_path else "the checkpoint directory"
+    findings = []
+    stale = list(files.get("stale") or [])
+    for problem in stale[:CHANGED_FILES_SHOWN]:
+        findings.append(
+            Finding(
+                "checkpoint",
+                host,
+                f"checkpoint file {problem}",
+                detail=(
+                    f"in {directory}: the marker recorded this file's size, mtime and inode when it was verified; "
+                    "it was overwritten, replaced or removed since"
+                ),
+                fix="run the checkpoint phase: ansible-playbook site.yml --tags checkpoint (it verifies the changed "
+                "files and fetches the bad ones again)",
+                category="stat",
+            )
+        )
+    if len(stale) > CHANGED_FILES_SHOWN:
+        more = len(stale) - CHANGED_FILES_SHOWN
+        findings.append(
+            Finding(
+                "checkpoint",
+                host,
+                f"{more} more checkpoint file(s) changed since their verification",
+                detail="; ".join(stale[CHANGED_FILES_SHOWN:]),
+                fix="run the checkpoint phase: ansible-playbook site.yml --tags checkpoint",
+                category="stat",
+            )
+        )
+    for problem in files.get("sample_problems") or []:
+        findings.append(
+            Finding(
+                "checkpoint",
+                host,
+                f"checkpoint file {problem} (rotating sample hash; its size, mtime and inode are as recorded)",
+                detail=f"in {directory}: content changed while its stat was kept (or restored)",
+                # Its stat matches the marker: only a forced verification makes the role look at it.
+                fix="ansible-playbook site.yml --tags checkpoint -e checkpoint_force_verify=true",
+                category="sample",
+            )
+        )
+    if files.get("sample_problems"):
+        return "corrupt", findings
+    return ("changed" if stale else "ok"), findings
 
 
 # --------------------------------------------------------------------------------------------- service
@@ -617,8 +689,9 @@ def build_report(
 ) -> dict[str, Any]:
     """The whole drift report: per-host findings and states, cluster findings, notes, the verdict.
 
-    nodes[host]: unreachable (bool), msg, stack_error (kimi_stack_facts failed), marker (slurp result), units
-    (systemctl show result), health (uri result, rank 0 only). checks: which checks ran (converge, checkpoint,
+    nodes[host]: unreachable (bool), msg, stack_error (kimi_stack_facts failed), marker (slurp result),
+    checkpoint_files (kimi_checkpoint_status mode=marker: stats and sample), units (systemctl show result),
+    health (uri result, rank 0 only). checks: which checks ran (converge, checkpoint,
     service, health). problems: things drift itself could not establish (the pin set), reported as
     `incomplete`.
     """
@@ -666,9 +739,12 @@ def build_report(
             states[host] = {"checkpoint": "?", "service": "?", "health": "?"}
             continue
         if checks["checkpoint"]:
-            state, found = checkpoint_state(host, node.get("marker"), checkpoint)
+            state, found = checkpoint_state(host, node.get("marker"), checkpoint, node.get("checkpoint_files"))
             states[host]["checkpoint"] = state
             findings += found
+            sampled = (node.get("checkpoint_files") or {}).get("sampled") or []
+            if sampled and state in ("ok", "changed"):
+                notes.append(f"{host}: checkpoint sample hashed, as the marker records: {', '.join(sampled)}")
         if checks["service"]:
             state, found = service_state(host, ranks.get(host), layout, node.get("units"))
             states[host]["service"] = state

@@ -1,11 +1,12 @@
 """playbooks/drift.yml against the real, serving lab: clean after a converge, every injected drift named with
 its host, and clean again after site.yml. Nothing on the nodes may change while drift.yml runs.
 
-Six kinds of drift are injected at once, each at its own host/kind pair (a unit edited on node2, the NCCL
-environment file edited on node1, node2's checkpoint marker changed, a libnccl2 installed by hand on node2, a
-held package unheld on node1, the headless rank stopped), and each finding is asserted on its own with its
-host; one drift run keeps the lab layer inside CI's time (a drift run is a check-mode converge). site.yml
-repairs all of them.
+Seven kinds of drift are injected at once, each at its own host/kind pair (a unit edited on node2, the NCCL
+environment file edited on node1, node2's checkpoint marker changed, node1's weights corrupted in place at
+the same size, a libnccl2 installed by hand on node2, a held package unheld on node1, the headless rank
+stopped), and each finding is asserted on its own with its host; one drift run keeps the lab layer inside
+CI's time (a drift run is a check-mode converge). site.yml repairs all of them (the corrupted weights: its
+checkpoint phase sees their stat differ from the marker's, verifies them, fetches them again).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ REPORT_TASK = "Write the drift report on the controller"
 NCCL_PIN = "2.30.7-1+cuda13.3"
 OTHER_NCCL = "2.30.5-1+cuda13.3"
 MARKER = "/data/models/lab-mini/.kimi-checkpoint.json"
+WEIGHTS = "/data/models/lab-mini/model.safetensors"
 
 
 def run(playbook, **kwargs):
@@ -82,6 +84,10 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     )
     on_node(serving, "node1", "apt-mark unhold cuda-toolkit-13-3")
     on_node(serving, "node2", "systemctl stop kimi-vllm-headless.service")
+    good_weights = on_node(serving, "node1", f"sha256sum {WEIGHTS}").split()[0]
+    # Same size, same inode, new mtime: what the marker's size alone (drift before marker version 2) missed.
+    on_node(serving, "node1", f"dd if=/dev/urandom of={WEIGHTS} bs=1 count=16 seek=4096 conv=notrunc status=none")
+    assert on_node(serving, "node1", f"sha256sum {WEIGHTS}").split()[0] != good_weights
 
     result, report = drift()
     assert result.rc != 0
@@ -89,6 +95,7 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     assert_named(messages, "node2", "edited", "edited by hand", "kimi-vllm-headless.service (unit file)")
     assert_named(messages, "node1", "edited", "edited by hand", "/etc/kimi/nccl.env (environment file)")
     assert_named(messages, "node2", "checkpoint", "marker does not match the pin", "0" * 40)
+    assert_named(messages, "node1", "checkpoint", "checkpoint file model.safetensors: changed since its verification")
     assert_named(messages, "node2", "version", "libnccl2", OTHER_NCCL, NCCL_PIN)
     assert_named(messages, "node1", "hold", "cuda-toolkit-13-3")
     assert_named(messages, "node2", "service", "kimi-vllm-headless.service")
@@ -96,9 +103,11 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     assert "# edited by hand" in on_node(serving, "node2", "cat /etc/systemd/system/kimi-vllm-headless.service")
     assert "NCCL_DEBUG=TRACE" in on_node(serving, "node1", "cat /etc/kimi/nccl.env")
     assert OTHER_NCCL in on_node(serving, "node2", "dpkg-query -W -f='${Version}' libnccl2")
+    assert on_node(serving, "node1", f"sha256sum {WEIGHTS}").split()[0] != good_weights
     assert on_node(serving, "node2", "systemctl is-active kimi-vllm-headless.service || true").strip() != "active"
 
     repaired = run(SITE)
     assert repaired.rc == 0, repaired.failure_messages()
+    assert on_node(serving, "node1", f"sha256sum {WEIGHTS}").split()[0] == good_weights
     result, report = drift()
     assert result.rc == 0, report["messages"]

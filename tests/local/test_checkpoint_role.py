@@ -8,6 +8,7 @@ saying so, otherwise. olah and the proxy are this test's own processes, stopped 
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import http.server
 import json
@@ -285,6 +286,10 @@ def test_downloads_verifies_marks_and_a_second_run_changes_nothing(cluster, mirr
     marker = yaml.safe_load((cluster["dir"] / ".kimi-checkpoint.json").read_text())
     assert marker["revision"] == mirror["revision"] and marker["file_count"] == len(mirror["files"])
     assert marker["total_bytes"] == mirror["total_bytes"]
+    for name, size in mirror["files"].items():
+        found = (cluster["dir"] / name).stat()
+        assert marker["files"][name]["size"] == size
+        assert (marker["files"][name]["mtime_ns"], marker["files"][name]["ino"]) == (found.st_mtime_ns, found.st_ino)
     assert not (cluster["state"] / "download.env").exists(), "the token file outlived the download"
     second = cluster["run"]()
     assert second.rc == 0 and second.changed == 0, second.stats
@@ -307,18 +312,89 @@ def test_too_small_disk_is_refused_before_any_byte(cluster):
     assert not cluster["dir"].exists() or not any(cluster["dir"].iterdir())
 
 
-def test_corrupt_file_is_named_and_the_next_run_repairs_it(cluster, mirror):
+MARKER_NAME = ".kimi-checkpoint.json"
+DELETE_TASK = "Delete the files that failed verification (they are fetched again below)"
+REPAIRED_TASK = "Show what was repaired in this run"
+
+
+def read_marker(cluster) -> dict:
+    return json.loads((cluster["dir"] / MARKER_NAME).read_text())
+
+
+def test_a_corrupt_file_found_by_a_forced_verification_is_repaired_in_the_same_run(cluster, mirror):
+    assert cluster["run"]().rc == 0
+    target = cluster["dir"] / "config.json"
+    good = target.read_bytes()
+    before = read_marker(cluster)
+    target.write_bytes(good.upper())  # same size, other content
+    repaired = cluster["run"](checkpoint_force_verify=True)
+    assert repaired.rc == 0, repaired.failure_messages()
+    (deleted,) = task_events(repaired, DELETE_TASK).values()
+    assert deleted["event"] == "runner_on_ok" and deleted["event_data"]["res"]["changed"] is True
+    assert deleted["event_data"]["res"]["removed"] == ["config.json"]
+    (said,) = repaired.results_of(REPAIRED_TASK).values()
+    assert said["msg"].startswith("n1: repaired in round 1 (deleted, fetched again, verified): config.json: git blob")
+    assert target.read_bytes() == good
+    (reverified,) = repaired.results_of("Verify the fetched files again").values()
+    assert reverified["ok"] is True and reverified["hashed"] == 1
+    after = read_marker(cluster)
+    # Rewritten with the fetched file's own stat (a new file: deleted, then written again).
+    assert after["files"]["config.json"]["ino"] != before["files"]["config.json"]["ino"]
+    assert after["files"]["config.json"]["mtime_ns"] == target.stat().st_mtime_ns
+    again = cluster["run"]()
+    assert again.rc == 0 and again.changed == 0, again.stats
+
+
+def test_with_no_repair_attempts_a_corrupt_file_is_named_and_the_next_run_repairs_it(cluster, mirror):
     assert cluster["run"]().rc == 0
     target = cluster["dir"] / "config.json"
     good = target.read_bytes()
     target.write_bytes(good.upper())  # same size, other content
-    failed = cluster["run"](checkpoint_force_verify=True)
+    failed = cluster["run"](checkpoint_force_verify=True, checkpoint_repair_attempts=0)
     assert failed.rc != 0
     assert any("config.json: git blob id differs" in f["msg"] for f in failed.failures), failed.failure_messages()
-    assert not (cluster["dir"] / ".kimi-checkpoint.json").exists()
+    assert not task_events(failed, DELETE_TASK)
+    assert not (cluster["dir"] / MARKER_NAME).exists()
     repaired = cluster["run"]()
     assert repaired.rc == 0, repaired.failure_messages()
     assert target.read_bytes() == good
+
+
+def test_a_same_size_overwrite_after_the_marker_is_found_by_its_stat_and_repaired_without_forcing(cluster, mirror):
+    assert cluster["run"]().rc == 0
+    target = cluster["dir"] / "model.safetensors"
+    good = hashlib.sha256(target.read_bytes()).hexdigest()
+    with target.open("r+b") as weights:  # what dd conv=notrunc does: same size, same inode, a new mtime
+        weights.seek(4096)
+        weights.write(os.urandom(16))
+    repaired = cluster["run"]()
+    assert repaired.rc == 0, repaired.failure_messages()
+    (read,) = repaired.results_of(READ_MARKER_TASK).values()
+    assert read["matches"] is True and read["stale_paths"] == ["model.safetensors"], read["stale"]
+    (verified,) = repaired.results_of(VERIFY_TASK).values()
+    # Only the changed file is hashed; the others' sizes are checked.
+    assert verified["hashed"] == 1 and verified["bad"] == ["model.safetensors"], verified["problems"]
+    (deleted,) = repaired.results_of(DELETE_TASK).values()
+    assert deleted["removed"] == ["model.safetensors"]
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == good
+    assert read_marker(cluster)["files"]["model.safetensors"]["mtime_ns"] == target.stat().st_mtime_ns
+    again = cluster["run"]()
+    assert again.rc == 0 and again.changed == 0, again.stats
+
+
+def test_a_version_1_marker_is_verified_and_rewritten_once(cluster, mirror):
+    assert cluster["run"]().rc == 0
+    old = read_marker(cluster)
+    del old["files"]
+    (cluster["dir"] / MARKER_NAME).write_text(json.dumps({**old, "version": 1}))
+    upgraded = cluster["run"]()
+    assert upgraded.rc == 0 and upgraded.changed > 0, upgraded.failure_messages()
+    (verified,) = upgraded.results_of(VERIFY_TASK).values()
+    assert verified["ok"] is True and verified["hashed"] == len(mirror["files"])
+    marker = read_marker(cluster)
+    assert marker["version"] == 2 and sorted(marker["files"]) == sorted(mirror["files"])
+    again = cluster["run"]()
+    assert again.rc == 0 and again.changed == 0, again.stats
 
 
 def test_unknown_revision_with_a_token_is_a_clear_error_without_the_token(cluster):
@@ -362,7 +438,7 @@ def test_check_mode_with_diff_writes_no_checkpoint(cluster):
 
 START_TASK = "Start the download detached from this connection, or attach to the one running"
 WAIT_TASK = "Wait for the downloading node's marker (shared storage)"
-MARKER_TASK = "Write the marker (repository, commit, file count, bytes, verification time)"
+MARKER_TASK = "Write the marker (repository, commit, file count, bytes, verification time, per-file stats)"
 VERIFY_TASK = "Verify every file (size, and sha256 or git blob id where the Hub gives one)"
 READ_MARKER_TASK = "Read the marker (the checkpoint directory is not listed)"
 

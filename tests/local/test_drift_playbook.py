@@ -9,8 +9,10 @@ node's real stack facts, the marker read, /health asked from the node, the repor
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from module_utils import kimi_checkpoint as ck
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 
 DRIFT = REPO_ROOT / "playbooks" / "drift.yml"
@@ -28,6 +31,7 @@ REPO_ID = "kimi-lab/Kimi-K2-mini"
 SHA = "60877af7bde655c71406a1843bcc395afa52fb57"
 OLD_KEY = "drift-e2e-old-key-93b1"
 NEW_KEY = "drift-e2e-new-key-1c77"
+CHECKPOINT_FILES = {"config.json": b'{"num_hidden_layers": 2}\n', "model.safetensors": bytes(range(256)) * 64}
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -96,14 +100,21 @@ class Node:
     def converge(self) -> None:
         result = run_playbook(FIXTURES / "converge.yml", self.inventory, timeout=300)
         assert result.rc == 0, result.failure_messages()
-        marker = self.root / "data" / ".kimi-checkpoint.json"
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(self.marker()))
+        # The checkpoint as the checkpoint role leaves it: its files, and a marker recording each one's Hub
+        # checksum and its stat at verification.
+        data = self.root / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        for name, content in CHECKPOINT_FILES.items():
+            (data / name).write_bytes(content)
+        (data / ".kimi-checkpoint.json").write_text(json.dumps(self.marker()))
 
-    @staticmethod
-    def marker(**changes: Any) -> dict[str, Any]:
-        base = {"version": 1, "repo_id": REPO_ID, "revision": SHA, "resolved_from": None, "file_count": 3}
-        base.update(total_bytes=10, include=[], exclude=[], verified_at="2026-01-01T00:00:00Z")
+    def marker(self, **changes: Any) -> dict[str, Any]:
+        files = [ck.RepoFile(name, len(content), sha256=hashlib.sha256(content).hexdigest())
+                 for name, content in CHECKPOINT_FILES.items()]  # fmt: skip
+        stats = {f.path: ck.file_stat(self.root / "data" / f.path) for f in files}
+        base = {"version": 2, "repo_id": REPO_ID, "revision": SHA, "resolved_from": None, "file_count": len(files)}
+        base.update(total_bytes=sum(f.size for f in files), include=[], exclude=[], verified_at="2026-01-01T00:00:00Z")
+        base.update(files=ck.marker_files(files, stats))
         return {**base, **changes}
 
     def drift(self, check: bool = False, **extravars: Any) -> PlayResult:
@@ -202,6 +213,51 @@ def test_a_marker_of_another_revision_and_a_silent_health_endpoint(node):
     assert "node1: health: http://127.0.0.1:9/health did not answer:" in message
     row = node.report()["hosts"][0]
     assert row["states"] == {"checkpoint": "mismatch", "service": "-", "health": "down"}
+
+
+def test_a_same_size_corruption_is_named_with_host_and_file_and_a_restored_mtime_by_the_sample_hash(node):
+    data = node.root / "data"
+    weights = data / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    with weights.open("r+b") as handle:  # dd if=/dev/urandom bs=1 count=16 seek=4096 conv=notrunc
+        handle.seek(4096)
+        handle.write(os.urandom(16))
+    os.utime(weights, ns=(mtime + 10**9, mtime + 10**9))  # the write's new mtime, whatever the clock granularity
+    config = data / "config.json"
+    kept = config.stat().st_mtime_ns
+    config.write_bytes(config.read_bytes().replace(b"2", b"4"))
+    os.utime(config, ns=(kept, kept))  # touch -d: the mtime put back, so only a hash finds it
+    before = node.snapshot()
+
+    # Both files hashed in this run: the sample of two covers the whole (two-file) checkpoint.
+    result = node.drift(drift_checkpoint_sample_files=2)
+
+    assert result.rc != 0
+    assert result.changed == 0
+    assert node.snapshot() == before
+    message = drift_message(result)
+    assert (
+        f"node1: checkpoint: checkpoint file model.safetensors: changed since its verification "
+        f"(mtime_ns {mtime + 10**9}, recorded {mtime})" in message
+    ), message
+    sha = hashlib.sha256(CHECKPOINT_FILES["config.json"]).hexdigest()
+    assert f"node1: checkpoint: checkpoint file config.json: sha256 differs from the Hub's {sha}" in message
+    row = node.report()["hosts"][0]
+    assert row["states"]["checkpoint"] == "corrupt"
+    assert [f["category"] for f in row["findings"] if f["kind"] == "checkpoint"] == ["stat", "sample"]
+
+
+def test_a_version_1_marker_is_a_finding_until_the_next_converge_rewrites_it(node):
+    old = node.marker(version=1)
+    del old["files"]
+    (node.root / "data" / ".kimi-checkpoint.json").write_text(json.dumps(old))
+    result = node.drift(drift_converge=False)
+    assert result.rc != 0
+    assert (
+        "node1: checkpoint: checkpoint marker "
+        f"{node.root / 'data' / '.kimi-checkpoint.json'} is version 1: it records no per-file size, mtime and inode"
+    ) in drift_message(result)
+    assert node.report()["hosts"][0]["states"]["checkpoint"] == "old marker"
 
 
 def test_drift_under_check_mode_still_runs_everything_and_writes_the_report(node):

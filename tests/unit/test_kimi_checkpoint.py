@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -149,3 +150,150 @@ def test_commit_sha_rule():
     assert ck.is_commit_sha(SHA)
     assert not ck.is_commit_sha("main")
     assert not ck.is_commit_sha(SHA.upper())
+
+
+# ------------------------------------------------------------------------------- file stats in the marker
+
+
+def stats_of(directory, names) -> dict:
+    return {name: ck.file_stat(directory / name) for name in names}
+
+
+def test_verify_with_only_hashes_those_files_and_checks_every_size(tmp_path):
+    (tmp_path / "a").write_bytes(b"AAAA")  # corrupt: not hashed unless named
+    (tmp_path / "b").write_bytes(b"BBBB")
+    (tmp_path / "c").write_bytes(b"CC")  # short: found whatever `only` says
+    files = [
+        ck.RepoFile("a", 4, git_oid=blob_id(b"aaaa")),
+        ck.RepoFile("b", 4, git_oid=blob_id(b"bbbb")),
+        ck.RepoFile("c", 4, git_oid=blob_id(b"cccc")),
+    ]
+    assert ck.bad_paths(ck.verify(tmp_path, files, checksums=True, only=["b"])) == ["b", "c"]
+    assert ck.bad_paths(ck.verify(tmp_path, files, checksums=True, only=[])) == ["c"]
+    assert ck.bad_paths(ck.verify(tmp_path, files, checksums=True)) == ["a", "b", "c"]
+
+
+def test_marker_files_record_the_hub_checksum_and_the_stat(tmp_path):
+    (tmp_path / "w").write_bytes(b"weights")
+    files = [ck.RepoFile("w", 7, sha256="s" * 64), ck.RepoFile("gone", 3, git_oid="g" * 40)]
+    entries = ck.marker_files(files, stats_of(tmp_path, ["w", "gone"]))
+    found = (tmp_path / "w").stat()
+    assert entries == {
+        "w": {"sha256": "s" * 64, "git_oid": None, "size": 7, "mtime_ns": found.st_mtime_ns, "ino": found.st_ino}
+    }
+    marker = ck.read_marker(ck.marker_json(ck.marker_for("org/r", SHA, files, [], [], "t", stats_of(tmp_path, ["w"]))))
+    assert marker["version"] == 2 and marker["files"] == entries
+
+
+def test_a_directory_or_a_missing_path_has_no_file_stat(tmp_path):
+    (tmp_path / "d").mkdir()
+    assert ck.file_stat(tmp_path / "d") is None
+    assert ck.file_stat(tmp_path / "absent") is None
+
+
+def test_stat_differences_name_overwritten_replaced_truncated_and_removed_files(tmp_path):
+    names = ["inplace", "replaced", "truncated", "removed", "untouched"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"0123456789" * 100)
+    recorded = ck.marker_files([ck.RepoFile(n, 1000) for n in names], stats_of(tmp_path, names))
+    before = (tmp_path / "inplace").stat().st_mtime_ns
+    with (tmp_path / "inplace").open("r+b") as handle:  # dd conv=notrunc: same size, same inode
+        handle.seek(500)
+        handle.write(b"XXXX")
+    os.utime(tmp_path / "inplace", ns=(before + 1_000_000_000, before + 1_000_000_000))  # coarse clocks
+    (tmp_path / "new").write_bytes(b"0123456789" * 100)
+    (tmp_path / "new").replace(tmp_path / "replaced")
+    (tmp_path / "truncated").write_bytes(b"short")
+    (tmp_path / "removed").unlink()
+    problems = ck.stat_differences(recorded, stats_of(tmp_path, names))
+    assert ck.bad_paths(problems) == ["inplace", "removed", "replaced", "truncated"]
+    assert problems[0] == (
+        f"inplace: changed since its verification (mtime_ns {before + 1_000_000_000}, recorded {before})"
+    )
+    assert problems[1] == "removed: missing"
+    assert "ino " in problems[2] and "size 5, recorded 1000" in problems[3]
+
+
+def test_a_restored_mtime_escapes_the_stat_but_not_the_content_check(tmp_path):
+    data = b"weights" * 100
+    path = tmp_path / "w"
+    path.write_bytes(data)
+    recorded = ck.marker_files([ck.RepoFile("w", len(data), sha256=hashlib.sha256(data).hexdigest())],
+                               stats_of(tmp_path, ["w"]))  # fmt: skip
+    mtime = path.stat().st_mtime_ns
+    with path.open("r+b") as handle:
+        handle.write(b"X")
+    os.utime(path, ns=(mtime, mtime))  # touch -d: the attacker puts the mtime back
+    assert ck.stat_differences(recorded, stats_of(tmp_path, ["w"])) == []
+    hashed, problems = ck.sample_check(tmp_path, recorded, 1, 0, set())
+    assert hashed == ["w"] and problems == [f"w: sha256 differs from the Hub's {recorded['w']['sha256']}"]
+
+
+def test_the_sample_rotates_through_every_file_with_a_checksum():
+    recorded = {name: {"git_oid": "g" * 40} for name in ("c", "a", "d", "b", "e")}
+    recorded["nochecksum"] = {"sha256": None, "git_oid": None}
+    assert ck.sample_files(recorded, 1, 0) == ["a"]
+    assert [ck.sample_files(recorded, 1, day)[0] for day in range(5, 10)] == ["a", "b", "c", "d", "e"]
+    assert ck.sample_files(recorded, 2, 0) == ["a", "b"]
+    assert ck.sample_files(recorded, 2, 2) == ["e", "a"]  # wraps around
+    covered = {name for day in range(3) for name in ck.sample_files(recorded, 2, day)}
+    assert covered == {"a", "b", "c", "d", "e"}
+    assert ck.sample_files(recorded, 9, 4) == ["a", "b", "c", "d", "e"]  # never more than there are
+    assert ck.sample_files(recorded, 0, 3) == [] and ck.sample_files({}, 1, 3) == []
+
+
+def test_the_sample_skips_files_already_found_changed_and_names_a_missing_one(tmp_path):
+    recorded = {"a": {"git_oid": blob_id(b"a")}, "b": {"git_oid": blob_id(b"b")}}
+    (tmp_path / "b").write_bytes(b"b")
+    assert ck.sample_check(tmp_path, recorded, 2, 0, {"a"}) == (["b"], [])
+    assert ck.sample_check(tmp_path, recorded, 1, 0, set()) == (["a"], ["a: missing"])
+
+
+def test_a_version_1_marker_is_old_and_no_longer_matches():
+    old = {"version": 1, "repo_id": "org/repo", "revision": SHA, "include": [], "exclude": []}
+    assert ck.is_old_marker(old) and not ck.marker_matches(old, "org/repo", SHA, [], [])
+    assert ck.pin_matches(old, "org/repo", SHA, [], [])
+    current = {**old, "version": ck.MARKER_VERSION}
+    assert not ck.is_old_marker(current) and ck.marker_matches(current, "org/repo", SHA, [], [])
+    assert not ck.is_old_marker({**old, "version": 3}) and not ck.is_old_marker(None)
+
+
+def test_the_module_records_stats_at_verification_and_its_marker_mode_finds_a_same_size_overwrite(tmp_path):
+    from tests.unit.ansible_adhoc import run_module
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    contents = {"config.json": b'{"a": 1}', "model.safetensors": bytes(range(256)) * 32}
+    for name, data in contents.items():
+        (checkpoint / name).write_bytes(data)
+    files = [
+        {"path": "config.json", "size": 8, "sha256": None, "git_oid": blob_id(contents["config.json"])},
+        {
+            "path": "model.safetensors",
+            "size": 8192,
+            "sha256": hashlib.sha256(contents["model.safetensors"]).hexdigest(),
+        },
+    ]
+    ok, verified = run_module(
+        tmp_path, "kimi_checkpoint_status", {"mode": "verify", "dir": str(checkpoint), "files": files}
+    )
+    assert ok and verified["ok"] and verified["hashed"] == 2 and verified["marker_version"] == ck.MARKER_VERSION
+    marker = {"version": ck.MARKER_VERSION, "repo_id": "org/r", "revision": SHA, "include": [], "exclude": []}
+    (checkpoint / ".kimi-checkpoint.json").write_text(json.dumps({**marker, "files": verified["files"]}))
+    args = {"mode": "marker", "dir": str(checkpoint), "repo_id": "org/r", "revision": SHA, "sample_files": 1}
+    ok, clean = run_module(tmp_path, "kimi_checkpoint_status", {**args, "sample_index": 1})
+    assert ok and clean["matches"] and clean["stale"] == [] and clean["files_recorded"] == 2
+    assert clean["sampled"] == ["model.safetensors"] and clean["sample_problems"] == []
+    weights = checkpoint / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    with weights.open("r+b") as handle:  # dd conv=notrunc
+        handle.seek(4096)
+        handle.write(b"\xff" * 16)
+    os.utime(weights, ns=(mtime + 10**9, mtime + 10**9))  # the write's new mtime, on any clock granularity
+    ok, found = run_module(tmp_path, "kimi_checkpoint_status", {**args, "sample_index": 1})
+    assert ok and found["matches"] and found["stale_paths"] == ["model.safetensors"]
+    # A stale file is not hashed again by the sample; restoring the mtime hides it from the stat, not the hash.
+    assert found["sampled"] == []
+    os.utime(weights, ns=(mtime, mtime))
+    ok, hidden = run_module(tmp_path, "kimi_checkpoint_status", {**args, "sample_index": 1})
+    assert ok and hidden["stale"] == [] and hidden["sample_problems"][0].startswith("model.safetensors: sha256 differs")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from module_utils import kimi_checkpoint as ck
 from module_utils.kimi_drift import (
     KINDS,
     build_report,
@@ -70,7 +73,7 @@ def slurped(marker: dict | str) -> dict:
 
 def marker(**changes) -> dict:
     base = {
-        "version": 1,
+        "version": 2,
         "repo_id": REPO_ID,
         "revision": SHA,
         "resolved_from": None,
@@ -362,6 +365,108 @@ def test_a_branch_pin_is_compared_with_what_the_marker_was_resolved_from():
     state, findings = checkpoint_state("node1", slurped(marker(resolved_from="v2")), expected)
     assert state == "mismatch"
     assert 'revision is "v2", pinned "main"' in findings[0].title
+
+
+def test_a_version_1_marker_says_its_files_cannot_be_checked_until_the_next_converge():
+    state, findings = checkpoint_state("node1", slurped(marker(version=1)), CHECKPOINT, {"skipped": True})
+    assert state == "old marker"
+    (finding,) = findings
+    assert finding.line() == (
+        "node1: checkpoint: checkpoint marker /data/m/.kimi-checkpoint.json is version 1: it records no per-file "
+        "size, mtime and inode, so the checkpoint files cannot be checked until the next converge rewrites it"
+    )
+    assert finding.fix.startswith("run the checkpoint phase") and "rewrites the marker as version 2" in finding.fix
+    # A version from the future is no old marker: it does not match.
+    assert checkpoint_state("node1", slurped(marker(version=3)), CHECKPOINT)[0] == "mismatch"
+
+
+def files_read(stale=(), sampled=(), sample_problems=()) -> dict:
+    """kimi_checkpoint_status mode=marker's answer, as drift.yml registers it."""
+    return {
+        "changed": False,
+        "files_recorded": 7,
+        "stale": list(stale),
+        "stale_paths": [line.split(": ", 1)[0] for line in stale],
+        "sampled": list(sampled),
+        "sample_problems": list(sample_problems),
+    }
+
+
+STALE = "model.safetensors: changed since its verification (mtime_ns 1767225600123456789, recorded 17671392)"
+
+
+def test_a_file_changed_after_its_verification_is_named_with_host_and_file():
+    state, findings = checkpoint_state("node2", slurped(marker()), CHECKPOINT, files_read(stale=[STALE]))
+    assert state == "changed"
+    (finding,) = findings
+    assert finding.line() == f"node2: checkpoint: checkpoint file {STALE}"
+    assert "in /data/m:" in finding.detail and "--tags checkpoint" in finding.fix
+    assert checkpoint_state("node2", slurped(marker()), CHECKPOINT, files_read(sampled=["config.json"])) == ("ok", [])
+
+
+def test_more_than_ten_changed_files_are_counted_in_one_more_finding():
+    stale = [f"model-{n:05d}.safetensors: missing" for n in range(13)]
+    _, findings = checkpoint_state("node1", slurped(marker()), CHECKPOINT, files_read(stale=stale))
+    assert len(findings) == 11
+    assert findings[-1].title == "3 more checkpoint file(s) changed since their verification"
+    assert findings[-1].detail.startswith("model-00010.safetensors: missing")
+
+
+def test_a_sampled_file_whose_content_differs_is_corrupt_and_needs_a_forced_verification():
+    problem = f"model.safetensors: sha256 differs from the Hub's {'a' * 64}"
+    read = files_read(sampled=["model.safetensors"], sample_problems=[problem])
+    state, findings = checkpoint_state("node1", slurped(marker()), CHECKPOINT, read)
+    assert state == "corrupt"
+    (finding,) = findings
+    assert finding.line() == (
+        f"node1: checkpoint: checkpoint file {problem} "
+        "(rotating sample hash; its size, mtime and inode are as recorded)"
+    )
+    assert finding.fix == "ansible-playbook site.yml --tags checkpoint -e checkpoint_force_verify=true"
+
+
+def test_files_that_could_not_be_checked_are_a_finding_not_a_crash():
+    state, findings = checkpoint_state(
+        "node1", slurped(marker()), CHECKPOINT, {"failed": True, "msg": "Permission denied\n  on /data/m"}
+    )
+    assert state == "unknown"
+    assert findings[0].title == "could not check the checkpoint files: Permission denied on /data/m"
+
+
+def test_a_same_size_corruption_on_one_node_is_reported_with_host_and_file(tmp_path):
+    # The node side for real: a marker written from verified files, then dd conv=notrunc on node2's weights.
+    data = b"\x00" * 8192
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(data)
+    files = [ck.RepoFile("model.safetensors", len(data), sha256=hashlib.sha256(data).hexdigest())]
+    recorded = ck.marker_files(files, {"model.safetensors": ck.file_stat(weights)})
+    mtime = weights.stat().st_mtime_ns
+    with weights.open("r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\xff" * 16)
+    os.utime(weights, ns=(mtime + 10**9, mtime + 10**9))  # what the write does, on a clock coarser than the test
+    stale = ck.stat_differences(recorded, {"model.safetensors": ck.file_stat(weights)})
+    nodes = {
+        "node1": {
+            "marker": slurped(marker(files=recorded)),
+            "checkpoint_files": files_read(sampled=["model.safetensors"]),
+        },
+        "node2": {"marker": slurped(marker(files=recorded)), "checkpoint_files": files_read(stale=stale)},
+    }
+    report = build_report(
+        hosts=["node1", "node2"],
+        nodes=nodes,
+        checkpoint=CHECKPOINT,
+        checks={"converge": False, "service": False, "health": False},
+    )
+    assert report["drifted"] is True
+    assert report["messages"] == [
+        f"node2: checkpoint: checkpoint file model.safetensors: changed since its verification "
+        f"(mtime_ns {mtime + 10**9}, recorded {mtime})"
+    ]
+    assert [row["states"]["checkpoint"] for row in report["hosts"]] == ["ok", "changed"]
+    assert "node1: checkpoint sample hashed, as the marker records: model.safetensors" in report["notes"]
+    assert "changed !" in render_table(report)
 
 
 def test_without_a_pinned_checkpoint_the_cluster_gets_one_finding():
