@@ -28,7 +28,7 @@ DEFAULT_MODEL = "Kimi-K2.7-Code"
 DEFAULT_GPU_BLOCK_SIZE = 16
 # vLLM's CPU backend pages the KV cache in blocks of 128 tokens (vllm/platforms/cpu.py,
 # CpuPlatform.check_and_update_config); the lab measured "CPU KV cache size: 465,920 tokens" for 1 GiB with
-# the miniature model, which is floor(2^30 / (2 x 576 x 2 B) / 128) x 128 (docs/lab-facts.md).
+# the 2-layer miniature model, which is floor(2^30 / (2 x 576 x 2 B) / 128) x 128 (docs/lab-facts.md).
 CPU_BLOCK_SIZE = 128
 # MoonViT, the vision encoder of the K2.5-based checkpoints: about 400M parameters, BF16 (the RTX PRO 6000 guide).
 MOONVIT_PARAMS = 400_000_000
@@ -338,10 +338,11 @@ def model_from_config(config: dict[str, Any], name: str, source: str = "config.j
 
 
 def _lab_mini() -> ModelSpec:
-    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json (copied
-    # here field for field so the planner needs no file at run time).
+    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json (the first, 2-layer config with 4
+    # layers instead of 2, so that PP = nodes covers a 4-node lab), copied here field for field so the planner needs
+    # no file at run time.
     config = {
-        "num_hidden_layers": 2,
+        "num_hidden_layers": 4,
         "hidden_size": 256,
         "intermediate_size": 512,
         "moe_intermediate_size": 128,
@@ -702,7 +703,7 @@ def layout_problems(model: ModelSpec, tp: int, pp: int, dp: int, dcp: int, exper
             f"TP {tp} does not divide the {model.num_attention_heads} attention heads: vLLM refuses the layout"
         )
     if pp > model.num_hidden_layers:
-        problems.append(f"PP {pp} exceeds the {model.num_hidden_layers} layers")
+        problems.append(f"PP {pp} exceeds the {model.num_hidden_layers} layers of {model.name}")
     group = tp * dp
     if model.n_routed_experts and expert_parallel and group > model.n_routed_experts:
         problems.append(f"EP size {group} exceeds the {model.n_routed_experts} routed experts")
@@ -831,8 +832,8 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
     """The per-GPU plan: weights, KV budget and tokens per stage, the deployment's concurrency, and why it
     does or does not fit."""
     model = inputs.model
-    reasons = layout_problems(model, inputs.tp, inputs.pp, inputs.dp, inputs.dcp, inputs.enable_expert_parallel)
-    reasons += _gpu_count_problems(inputs)
+    layout = layout_problems(model, inputs.tp, inputs.pp, inputs.dp, inputs.dcp, inputs.enable_expert_parallel)
+    reasons = layout + _gpu_count_problems(inputs)
     notes: list[str] = []
     usable_gib = None
     if inputs.gpu_memory_gib is not None:
@@ -847,8 +848,11 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
     # vLLM gives every worker the smallest worker's block count, so the stage with the fewest tokens decides
     # (with equal budgets that is the stage with the most layers).
     limiting = min(stages, key=lambda stage: (stage["kv_tokens"], stage["_kv_gib_exact"]))
-    reasons += _memory_problems(inputs, stages, usable_gib)
-    reasons += _sequence_problems(inputs, limiting)
+    if not layout:
+        # A broken layout (e.g. more stages than layers, leaving a stage empty) makes every memory figure derived
+        # from it meaningless: report the layout alone.
+        reasons += _memory_problems(inputs, stages, usable_gib)
+        reasons += _sequence_problems(inputs, limiting)
     kv_tokens = limiting["kv_tokens"]
     per_replica = kv_tokens // inputs.max_model_len
     notes += _weight_notes(inputs)

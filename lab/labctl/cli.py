@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ from .settings import (
     DEFAULT_DATA_SIZE,
     HOST_ADDRESS,
     MAX_NODES,
+    REPO_ROOT,
     Settings,
     load_settings,
     node_address,
@@ -136,6 +138,104 @@ def require_nothing_left(paths: StatePaths) -> None:
     if record is not None:
         what = "is already up" if record.ready else "was half made by an interrupted up"
         raise LabError(f"a lab with {record.node_count} nodes {what}: run `lab/lab down` first", exit_code=2)
+
+
+# --- `up N` again: a healthy lab of the same shape is kept --------------------------------------------------
+
+
+def other_shape_error(record: LabRecord, count: int, data_size: int, settings: Settings) -> str | None:
+    """Why the running lab is not the one `up count` asks for (None when it is): another size, /data or port."""
+    if record.node_count != count:
+        return (
+            f"a lab with {record.node_count} nodes is already up, and {count} were asked for: run `lab/lab down` "
+            f"first, or keep this one (`lab/lab up {record.node_count}`, `make demo NODES={record.node_count}`)"
+        )
+    if record.data_size_bytes != data_size:
+        return (
+            f"the lab up has {record.data_size_bytes} B of /data per node, and {data_size} B were asked for: "
+            f"run `lab/lab down` first, or `lab/lab up {count}` without --data-size"
+        )
+    ports = (record.http_port, record.hf_port)
+    if ports != (settings.http_port, settings.hf_port):
+        return (
+            f"the lab up serves its mirrors on ports {ports[0]}/{ports[1]}, and "
+            f"{settings.http_port}/{settings.hf_port} were asked for (KIMI_LAB_HTTP_PORT/KIMI_LAB_HF_PORT): "
+            f"run `lab/lab down` first"
+        )
+    return None
+
+
+def unhealthy_error(record: LabRecord, problems: list[tuple[str, str]]) -> str:
+    """One line: everything wrong with a lab of the right size, then the fixes (each named once)."""
+    fixes = list(dict.fromkeys(fix for _, fix in problems))
+    return (
+        f"a lab with {record.node_count} nodes is up but not healthy: {'; '.join(what for what, _ in problems)} "
+        f"(fix: {'; '.join(fixes)})"
+    )
+
+
+def _http_ok(url: str) -> bool:
+    # No proxy: the mirrors are on the bridge address, and a proxy from the environment must never see them.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=5) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def health_problems(paths: StatePaths, record: LabRecord, mirrors: dict[str, dict]) -> list[tuple[str, str]]:
+    """(what is wrong, the fix) for a lab that is up: every node running and accepting SSH, both servers
+    running and answering, serving what the mirror recipes build now, and the inventory written."""
+    again = f"`lab/lab down`, then `lab/lab up {record.node_count}`"
+    if not net.link_exists(BRIDGE) or not net.link_is_up(BRIDGE):
+        # Without the bridge the lab addresses route elsewhere: probe nothing.
+        return [(f"the bridge {BRIDGE} is missing or down", again)]
+    if not net.is_local_address(HOST_ADDRESS):
+        return [(f"{HOST_ADDRESS} is not this host's address on {BRIDGE}", again)]
+    problems = []
+    for index in range(1, record.node_count + 1):
+        name = node_name(index)
+        state = nodes.state_of(paths, name)
+        if state == "crashed":
+            problems.append((f"{name} is not running (crashed)", f"`lab/lab start {name}`"))
+        elif state == "cut":
+            problems.append((f"{name} is cut off the network", f"`lab/lab heal {name}`"))
+        elif not nodes.accepts_ssh(paths, name):
+            problems.append((f"{name} is running but does not accept SSH", again))
+    server_pids = serve.server_pids(paths)
+    checkpoint = record.checkpoint
+    probes = {
+        "http": (
+            "the static HTTP mirror",
+            f"{record.mirror_urls.get('apt_debian', f'http://{HOST_ADDRESS}:{record.http_port}/apt/debian')}/Packages",
+        ),
+        "hf": (
+            "the olah Hugging Face mirror",
+            f"http://{HOST_ADDRESS}:{record.hf_port}/api/models/{checkpoint.get('repo_id')}/revision/"
+            f"{checkpoint.get('revision')}",
+        ),
+    }
+    for server, (what, url) in probes.items():
+        if server_pids[server] is None:
+            problems.append((f"{what} is not running", again))
+        elif not _http_ok(url):
+            problems.append((f"{what} does not answer {url}", again))
+    built = mirrors["hf"]
+    if (built["repo_id"], built["revision"]) != (checkpoint.get("repo_id"), checkpoint.get("revision")):
+        problems.append(
+            (
+                f"the lab serves checkpoint {checkpoint.get('revision')}, but its recipe now builds "
+                f"{built['revision']}",
+                again,
+            )
+        )
+    if serve.docroot_targets(paths) != serve.docroot_targets_for(mirrors["apt"], mirrors["wheels"]):
+        problems.append(("the lab serves older apt/wheel mirrors than their recipes now build", again))
+    missing = [p for p in (inventory.hosts_path(), inventory.generated_vars_path()) if not p.is_file()]
+    if missing:
+        problems.append((f"{missing[0].relative_to(REPO_ROOT)} is missing", again))
+    return problems
     left = teardown.leftovers(paths)
     if left:
         raise LabError(
@@ -187,6 +287,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     require_host_ready()
     paths = StatePaths(settings.state)
     with exclusive(settings):
+        record = LabRecord.load(paths)
+        if record is not None and record.ready:
+            return keep_running_lab(paths, settings, record, count, data_size)
         require_nothing_left(paths)
         net.check_port_free(settings.http_port, "KIMI_LAB_HTTP_PORT, static HTTP mirror")
         net.check_port_free(settings.hf_port, "KIMI_LAB_HF_PORT, olah Hugging Face mirror")
@@ -204,6 +307,24 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"lab: after failed up: {problem}", file=sys.stderr)
             raise
     print(f"lab: {count} node(s) up and accepting SSH in {time.monotonic() - started:.1f} s")
+    print_status(paths)
+    return 0
+
+
+def keep_running_lab(paths: StatePaths, settings: Settings, record: LabRecord, count: int, data_size: int) -> int:
+    """`up N` with a lab up: the same, healthy lab is kept (exit 0, nothing changed); anything else is refused."""
+    other = other_shape_error(record, count, data_size, settings)
+    if other:
+        raise LabError(other, exit_code=2)
+    started = time.monotonic()
+    # The builders only check their caches here (milliseconds); a changed recipe shows as a stale mirror.
+    problems = health_problems(paths, record, serve.build_mirrors(settings.cache))
+    if problems:
+        raise LabError(unhealthy_error(record, problems), exit_code=2)
+    print(
+        f"lab: a healthy lab with {count} node(s) is already up (every node accepts SSH, the mirrors answer; "
+        f"checked in {time.monotonic() - started:.1f} s): nothing to do"
+    )
     print_status(paths)
     return 0
 

@@ -56,6 +56,13 @@ def route_device(address: str) -> str | None:
     return words[words.index("dev") + 1] if "dev" in words else None
 
 
+def is_local_address(address: str) -> bool:
+    """Whether the kernel delivers packets for address to this host itself (`ip route get` says "local"):
+    true for the bridge address while br-lab has it; without the bridge, 198.18.0.1 routes elsewhere."""
+    proc = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=False)
+    return proc.returncode == 0 and proc.stdout.split()[:1] == ["local"]
+
+
 def require_bridge_route(address: str) -> None:
     """Refuse to send anything to a lab address the kernel would route elsewhere (e.g. the default route:
     198.18.0.0/15 is a real, unrouted-by-convention range and something upstream may answer)."""

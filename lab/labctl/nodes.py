@@ -22,6 +22,7 @@ from .settings import (
     HOST_ADDRESS,
     PREFIX_LENGTH,
     node_address,
+    node_index,
     node_name,
     node_veth,
 )
@@ -303,6 +304,19 @@ def _port_open(address: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def accepts_ssh(paths: StatePaths, name: str) -> bool:
+    """One ssh login to a running node (host key checked), only ever through br-lab."""
+    address = node_address(node_index(name))
+    net.require_bridge_route(address)
+    if not _port_open(address, SSH_PORT):
+        return False
+    with critical_section():
+        proc = subprocess.run(
+            [*ssh_argv(paths, address), "true"], capture_output=True, text=True, check=False, timeout=30
+        )
+    return proc.returncode == 0
 
 
 def wait_for_ssh(paths: StatePaths, names: list[str], timeout_s: float) -> None:

@@ -70,12 +70,22 @@ def mirror_urls(settings: Settings) -> dict[str, str]:
     }
 
 
+DOCROOT_LINKS = ("apt/nvidia", "apt/debian", "wheels")
+
+
+def docroot_targets_for(apt: dict[str, Path], wheels: dict[str, Path]) -> dict[str, Path]:
+    """What each document-root link should point to for these mirror builds."""
+    targets = (Path(apt["nvidia"]), Path(apt["debian"]), Path(wheels["wheelhouse"]))
+    return {link: target.resolve() for link, target in zip(DOCROOT_LINKS, targets, strict=True)}
+
+
+def docroot_targets(paths: StatePaths) -> dict[str, Path]:
+    """What each document-root link of the running lab points to (missing links are left out)."""
+    return {link: (paths.docroot / link).resolve() for link in DOCROOT_LINKS if (paths.docroot / link).is_symlink()}
+
+
 def prepare_docroot(paths: StatePaths, apt: dict[str, Path], wheels: dict[str, Path]) -> None:
-    links = {
-        paths.docroot / "apt" / "nvidia": Path(apt["nvidia"]),
-        paths.docroot / "apt" / "debian": Path(apt["debian"]),
-        paths.docroot / "wheels": Path(wheels["wheelhouse"]),
-    }
+    links = {paths.docroot / link: target for link, target in docroot_targets_for(apt, wheels).items()}
     for link, target in links.items():
         if not target.is_dir():
             raise LabError(f"mirror directory {target} does not exist (for {link.relative_to(paths.docroot)})")

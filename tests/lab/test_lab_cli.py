@@ -118,9 +118,36 @@ def test_up_killed_while_booting_removes_what_it_created(lab_controller):
 # --- a running 2-node lab ---------------------------------------------------------------------------------------
 
 
-def test_second_up_is_refused_while_a_lab_is_up(lab):
-    assert "already up" in one_line_error(lab.run("up", "2"))
-    assert lab.status()["up"] is True
+def test_up_again_keeps_a_healthy_lab_of_that_size(lab):
+    """`make demo` twice: the second `up 2` checks the lab (nodes accept SSH, mirrors answer) and changes nothing."""
+    before = lab.status()
+    pids = [lab.paths.node_pid_file(n["name"]).read_text() for n in before["nodes"]]
+    started = time.monotonic()
+    proc = lab.run("up", "2")
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert "a healthy lab with 2 node(s) is already up" in proc.stdout
+    assert elapsed < 10, elapsed
+    after = lab.status()
+    assert after == before
+    assert [lab.paths.node_pid_file(n["name"]).read_text() for n in after["nodes"]] == pids
+
+
+def test_up_with_another_size_is_refused_while_a_lab_is_up(lab):
+    message = one_line_error(lab.run("up", "3"))
+    assert "a lab with 2 nodes is already up, and 3 were asked for" in message
+    assert "`lab/lab down` first" in message and "`make demo NODES=2`" in message
+    assert [n["state"] for n in lab.status()["nodes"]] == ["running", "running"]
+
+
+def test_up_again_with_a_crashed_node_names_it_and_the_fix(lab):
+    assert lab.run("crash", "node2").returncode == 0
+    try:
+        message = one_line_error(lab.run("up", "2"))
+        assert "not healthy: node2 is not running (crashed)" in message
+        assert "`lab/lab start node2`" in message
+    finally:
+        assert lab.run("start", "node2").returncode == 0
 
 
 def test_nodes_boot_real_systemd_and_accept_ssh(lab):

@@ -17,6 +17,10 @@ LAB_MINI_CONFIG = Path(__file__).resolve().parents[2] / "lab" / "mirrors" / "hf"
 K27 = kp.MODEL_PRESETS["Kimi-K2.7-Code"]
 K2_INSTRUCT = kp.MODEL_PRESETS["Kimi-K2-Instruct"]
 LAB_MINI = kp.MODEL_PRESETS["lab-mini"]
+# The 2-layer miniature the lab's first vLLM figures were measured with (465,920 and 931,968 tokens): its config as it
+# was then, kept as the record of that measurement. The lab now serves 4 layers (lab/mirrors/hf/config.json).
+LAB_MINI_2_LAYERS_MEASURED = FIXTURES / "lab-mini-2-layers-measured" / "config.json"
+LAB_MINI_2_LAYERS = kp.replace(LAB_MINI, num_hidden_layers=2)
 
 # The RTX PRO 6000 guide: Kimi-K2.7-Code on eight RTX PRO 6000 Server Edition, its users-per-card rule (0.90 x
 # the 95.6 GiB the driver reports - 3 GiB) and the checkpoint's 595,177,988,208 bytes spread over the eight cards.
@@ -48,6 +52,7 @@ SEED_000 = {
     "max_model_len": 32768,
 }
 LAB = {"model": "lab-mini", "gpu": "cpu", "kv_cache_gib_per_gpu": 1}
+LAB_MEASURED = {**LAB, "model": str(LAB_MINI_2_LAYERS_MEASURED)}
 
 
 def plan(**options):
@@ -118,16 +123,53 @@ def test_pp_layer_partition_override_moves_the_limit():
 # --- the lab's figures -----------------------------------------------------------------------------------------
 
 
+def test_measured_2_layer_config_is_the_preset_with_2_layers():
+    from_file = kp.load_model_config(LAB_MINI_2_LAYERS_MEASURED, "lab-mini")
+    assert kp.replace(from_file, source=LAB_MINI.source) == LAB_MINI_2_LAYERS
+
+
 def test_lab_figure_one_gib_miniature_model_block_128():
-    result = plan(**LAB)
+    # Measured with the 2-layer miniature: "CPU KV cache size: 465,920 tokens".
+    result = plan(**LAB_MEASURED)
     assert result["block_size"] == 128  # vLLM's CPU backend
     assert result["kv_tokens"] == 465_920 == math.floor(2**30 / (2 * 576 * 2) / 128) * 128
 
 
 def test_lab_figure_with_pp2():
-    result = plan(**LAB, pp=2, nodes=2)
+    # Measured with the 2-layer miniature over 2 nodes: 931,968 tokens (one layer per stage).
+    result = plan(**LAB_MEASURED, pp=2, nodes=2)
     assert result["kv_tokens"] == 931_968 == math.floor(2**30 / (1 * 576 * 2) / 128) * 128
     assert result["fits"], result["reasons"]
+
+
+@pytest.mark.parametrize(
+    ("pp", "layers_per_stage", "tokens_block_16", "tokens_block_128"),
+    [
+        (1, [4], 233_008, 232_960),
+        (2, [2, 2], 466_032, 465_920),
+        (3, [1, 2, 1], 466_032, 465_920),
+        (4, [1, 1, 1, 1], 932_064, 931_968),
+    ],
+)
+def test_lab_figures_of_the_4_layer_miniature(pp, layers_per_stage, tokens_block_16, tokens_block_128):
+    # What the lab's `make demo NODES=pp` (PP = nodes) plans; the serve phase compares vLLM's logged KV tokens with
+    # it. Blocks of 16 tokens without AMX (CPU_MLA), 128 with (lab/labctl/inventory.py cpu_kv_block_size).
+    for block, tokens in ((16, tokens_block_16), (128, tokens_block_128)):
+        result = plan(**LAB, pp=pp, nodes=pp, max_model_len=2048, block_size=block)
+        assert [stage["num_layers"] for stage in result["stages"]] == layers_per_stage
+        most = max(layers_per_stage)
+        assert result["kv_tokens"] == tokens == math.floor(2**30 / (most * 576 * 2) / block) * block
+        assert result["fits"], result["reasons"]
+
+
+@pytest.mark.parametrize("pp", [5, 8])
+def test_more_stages_than_layers_is_the_only_reason(pp):
+    """A lab of 5..8 nodes (PP = nodes) leaves a stage without layers: the layout is the reason, not the memory
+    figures derived from it (an empty stage has 0 tokens, which once read as "stage 0 has 1.00 GiB per GPU
+    (0 tokens)")."""
+    result = plan(**LAB, pp=pp, nodes=pp, max_model_len=2048, block_size=16)
+    assert result["fits"] is False
+    assert result["reasons"] == [f"PP {pp} exceeds the 4 layers of lab-mini"]
 
 
 # --- DCP divides a sequence's KV over DCP ranks (dcp must divide tp) ------------------------------------------------
@@ -251,8 +293,10 @@ def test_component_breakdown_matches_the_published_checkpoint_size():
 
 
 def test_lab_mini_breakdown_matches_its_bf16_safetensors():
-    # The lab's miniature model.safetensors is ~8.5 MB in BF16 (docs/lab-facts.md).
-    assert kp.checkpoint_weight_bytes(LAB_MINI) == 8_463_392
+    # The 2-layer miniature's model.safetensors held 8,463,392 bytes of BF16 tensors (docs/lab-facts.md); the
+    # 4-layer one the lab builds now holds 15,750,752 (its safetensors header's data offsets).
+    assert kp.checkpoint_weight_bytes(LAB_MINI_2_LAYERS) == 8_463_392
+    assert kp.checkpoint_weight_bytes(LAB_MINI) == 15_750_752
 
 
 def test_component_breakdown_differs_from_even_split():
@@ -433,7 +477,7 @@ def test_lab_mini_equals_the_reference_config():
 
 
 def test_model_path_is_accepted(tmp_path):
-    config = json.loads(LAB_MINI_CONFIG.read_text())
+    config = json.loads(LAB_MINI_2_LAYERS_MEASURED.read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
     result = plan(model=str(tmp_path), gpu="cpu", kv_cache_gib_per_gpu=1)
     assert result["kv_tokens"] == 465_920
@@ -455,7 +499,7 @@ def test_config_with_text_config_and_compressed_tensors():
         },
     }
     spec = kp.model_from_config(config, "nested")
-    assert spec.num_hidden_layers == 2
+    assert spec.num_hidden_layers == 4
     assert spec.vision_params == kp.MOONVIT_PARAMS
     assert spec.quantization.format_for("model.layers.1.mlp.experts.3.up_proj").group_size == 32
     assert spec.quantization.format_for("model.layers.1.self_attn.o_proj").kind == "bf16"

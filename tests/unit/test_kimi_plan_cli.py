@@ -13,6 +13,9 @@ from tests.unit.ansible_adhoc import run_module
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KIMI_PLAN = REPO_ROOT / "bin" / "kimi-plan"
+# The 2-layer miniature the lab's first figures were measured with (465,920 tokens; 931,968 with PP 2), kept as the
+# record of that measurement; the lab now serves 4 layers (preset lab-mini).
+LAB_MINI_2_LAYERS_MEASURED = str(REPO_ROOT / "tests" / "fixtures" / "lab-mini-2-layers-measured" / "config.json")
 REQUIRED_KEYS = {
     "weights_gib_per_gpu",
     "kv_cache_gib_per_gpu",
@@ -108,9 +111,19 @@ def test_misfit_exits_1_and_still_prints_the_object():
 
 
 def test_lab_figures_through_the_cli():
-    lab = ("--model", "lab-mini", "--gpu", "cpu", "--kv-cache-gib-per-gpu", "1", "--block-size", "128")
-    assert kimi_plan_json(*lab)[1]["kv_tokens"] == 465920
-    assert kimi_plan_json(*lab, "--pp", "2")[1]["kv_tokens"] == 931968
+    measured = ("--model", LAB_MINI_2_LAYERS_MEASURED, "--gpu", "cpu", "--kv-cache-gib-per-gpu", "1")
+    assert kimi_plan_json(*measured, "--block-size", "128")[1]["kv_tokens"] == 465920
+    assert kimi_plan_json(*measured, "--block-size", "128", "--pp", "2")[1]["kv_tokens"] == 931968
+    lab = ("--model", "lab-mini", "--gpu", "cpu", "--kv-cache-gib-per-gpu", "1", "--max-model-len", "2048")
+    assert kimi_plan_json(*lab, "--block-size", "16", "--pp", "2", "--nodes", "2")[1]["kv_tokens"] == 466032
+    assert kimi_plan_json(*lab, "--block-size", "16", "--pp", "4", "--nodes", "4")[1]["kv_tokens"] == 932064
+
+
+def test_more_stages_than_layers_exits_1_naming_only_the_layout():
+    lab = ("--model", "lab-mini", "--gpu", "cpu", "--kv-cache-gib-per-gpu", "1", "--max-model-len", "2048")
+    rc, plan = kimi_plan_json(*lab, "--block-size", "16", "--pp", "5", "--nodes", "5")
+    assert rc == 1
+    assert plan["reasons"] == ["PP 5 exceeds the 4 layers of lab-mini"]
 
 
 @pytest.mark.parametrize(
@@ -171,7 +184,7 @@ def test_cli_runs_without_ansible_on_the_path():
             str(KIMI_PLAN),
             "--json",
             "--model",
-            "lab-mini",
+            LAB_MINI_2_LAYERS_MEASURED,
             "--gpu",
             "cpu",
             "--kv-cache-gib-per-gpu",
@@ -192,7 +205,14 @@ def test_module_returns_the_plan(tmp_path):
     ok, result = run_module(
         tmp_path,
         "kimi_plan",
-        {"model": "lab-mini", "gpu": "cpu", "kv_cache_gib_per_gpu": 1, "pp": 2, "nodes": 2, "max_model_len": 2048},
+        {
+            "model": LAB_MINI_2_LAYERS_MEASURED,
+            "gpu": "cpu",
+            "kv_cache_gib_per_gpu": 1,
+            "pp": 2,
+            "nodes": 2,
+            "max_model_len": 2048,
+        },
     )
     assert ok, result
     assert result["changed"] is False

@@ -60,7 +60,9 @@ def test_expected_tensor_shapes_follow_the_config(config):
     assert shapes["model.layers.1.mlp.experts.7.up_proj.weight"] == [128, 256]
     assert "model.layers.1.mlp.experts.8.up_proj.weight" not in shapes
     assert shapes["model.layers.1.mlp.shared_experts.down_proj.weight"] == [256, 128]
-    assert len(shapes) == 3 + 2 * 9 + 3 + 2 + 3 * 9
+    # Per layer 2 norms + 7 attention tensors; the dense layer 0 has 3 MLP tensors, each MoE layer (1..3) a gate and
+    # its bias + 3 x (8 routed + 1 shared).
+    assert len(shapes) == 3 + 4 * 9 + 3 + 3 * (2 + 3 * 9)
 
 
 def test_read_safetensors_header(tmp_path):
