@@ -196,6 +196,8 @@ class ModelSpec:
     vision_params: int = 0
     checkpoint_bytes: int | None = None
     source: str = ""
+    # The Hub repository the preset describes; the input check refuses a checkpoint_repo_id that differs.
+    repo_id: str = ""
 
     @property
     def kv_values_per_token_per_layer(self) -> int:
@@ -261,6 +263,7 @@ K2_INT4 = Quantization(
 MODEL_PRESETS: dict[str, ModelSpec] = {
     "Kimi-K2-Instruct": ModelSpec(
         name="Kimi-K2-Instruct",
+        repo_id="moonshotai/Kimi-K2-Instruct",
         max_position_embeddings=131072,
         quantization=K2_FP8,
         source="moonshotai/Kimi-K2-Instruct config.json (block FP8, 128K context)",
@@ -268,6 +271,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     ),
     "Kimi-K2-Instruct-0905": ModelSpec(
         name="Kimi-K2-Instruct-0905",
+        repo_id="moonshotai/Kimi-K2-Instruct-0905",
         max_position_embeddings=262144,
         quantization=K2_FP8,
         source="moonshotai/Kimi-K2-Instruct-0905 config.json (block FP8, YaRN factor 64: 256K context)",
@@ -275,6 +279,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     ),
     "Kimi-K2-Thinking": ModelSpec(
         name="Kimi-K2-Thinking",
+        repo_id="moonshotai/Kimi-K2-Thinking",
         max_position_embeddings=262144,
         quantization=K2_INT4,
         source="moonshotai/Kimi-K2-Thinking config.json (compressed-tensors INT4 experts, 256K context)",
@@ -282,6 +287,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     ),
     "Kimi-K2.7-Code": ModelSpec(
         name="Kimi-K2.7-Code",
+        repo_id="moonshotai/Kimi-K2.7-Code",
         max_position_embeddings=262144,
         quantization=K2_INT4,
         vision_params=MOONVIT_PARAMS,
@@ -338,9 +344,9 @@ def model_from_config(config: dict[str, Any], name: str, source: str = "config.j
 
 
 def _lab_mini() -> ModelSpec:
-    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json (the first, 2-layer config with 4
-    # layers instead of 2, so that PP = nodes covers a 4-node lab), copied here field for field so the planner needs
-    # no file at run time.
+    # The lab's miniature Kimi-K2-shaped checkpoint: lab/mirrors/hf/config.json, copied here field for field so the
+    # planner needs no file at run time. 4 layers (2 when the lab's figures were first measured,
+    # tests/fixtures/lab-mini-2-layers-measured/), so that PP = nodes covers a 4-node lab.
     config = {
         "num_hidden_layers": 4,
         "hidden_size": 256,
@@ -1084,7 +1090,7 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "gpus_per_node": None,
     "nodes": None,
     "gpu_memory_utilization": 0.9,
-    "reserve_gib": 3.0,
+    "reserve_gib": 0.0,
     "kv_cache_gib_per_gpu": None,
     "tp": 1,
     "pp": 1,
@@ -1373,7 +1379,10 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     parser.add_argument("--gpus-per-node", help="GPUs per node (default 8, cpu: 1)")
     parser.add_argument("--nodes", help="nodes; when given, tp x pp x dp must equal nodes x gpus-per-node")
     parser.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization (default 0.9)")
-    parser.add_argument("--reserve-gib", help="GiB per GPU kept for activations and graphs (default 3)")
+    parser.add_argument(
+        "--reserve-gib",
+        help="GiB per GPU kept back from the budget (default 0, as the roles; the RTX PRO 6000 guide keeps 3)",
+    )
     parser.add_argument("--kv-cache-gib-per-gpu", help="measured KV budget per GPU, replaces the computed one")
     parser.add_argument("--tp", help="tensor parallel size (default 1)")
     parser.add_argument("--pp", help="pipeline parallel size (default 1)")
