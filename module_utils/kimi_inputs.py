@@ -348,11 +348,13 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
             )
         )
     elif allow_branch and any(c.isspace() for c in revision):
-        problems.append(Problem("checkpoint_revision", phase, f"is not a git ref (got {revision!r})", "fix it"))
+        problems.append(
+            Problem("checkpoint_revision", phase, f"is not a git ref (got {revision!r})", "give the branch or tag name")
+        )
     problems += _absolute_path(values, "checkpoint_dir", phase) if "checkpoint_dir" in values else []
-    endpoint = str(values.get("checkpoint_hf_endpoint", "https://huggingface.co"))
+    endpoint = str(values.get("checkpoint_hf_endpoint", ""))
     parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if "checkpoint_hf_endpoint" in values and (parts.scheme not in ("http", "https") or not parts.hostname):
         problems.append(
             Problem(
                 "checkpoint_hf_endpoint",

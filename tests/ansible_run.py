@@ -94,6 +94,10 @@ def run_playbook(
         "ANSIBLE_HOME": str(REPO_ROOT / ".ansible"),
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "ANSIBLE_NOCOLOR": "1",
+        # ansible-runner sets ANSIBLE_CALLBACK_PLUGINS to its own directory, which hides ansible.cfg's
+        # callback_plugins; it appends to a value given here, so the project's callbacks load as they do for
+        # ansible-playbook (kimi_phase_failures words the message of a phase stopped by a failed node).
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO_ROOT / "callback_plugins"),
     }
     env.update(envvars or {})
     with tempfile.TemporaryDirectory(prefix="kimi-runner-") as private_dir:
