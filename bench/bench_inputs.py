@@ -54,7 +54,7 @@ def refusal_seconds(inventory: Path, reports: Path) -> float:
         cwd=REPO_ROOT,
     )
     elapsed = time.monotonic() - started
-    if done.returncode == 0 or "checkpoint_revision must be a 40-hex commit sha" not in done.stdout:
+    if done.returncode == 0 or "checkpoint_revision is not a 40-hex commit sha" not in done.stdout:
         raise SystemExit(f"bench_inputs: the bad revision was not refused by the input check:\n{done.stdout[-2000:]}")
     if "UNREACHABLE" in done.stdout:
         raise SystemExit("bench_inputs: a node was contacted before the refusal")

@@ -7,13 +7,15 @@ DOCUMENTATION = r"""
 module: kimi_inputs
 short_description: Refuse, before anything is installed, the inputs a later phase of the run could not use
 description:
-  - Judges, for every host, the values the phases in I(phases) read (the kimi role's cluster values plus what
-    each phase role's C(tasks/inputs.yml) hands over): a checkpoint revision that is a 40-hex commit, a
-    repository id of the form org/name, exact and consistent pins, distinct ports, absolute paths, a known
-    model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
+  - Judges, for every host, the values the phases in I(phases) read (the kimi role's cluster values plus the
+    phase roles' variables an inventory or -e sets): a checkpoint revision that is a 40-hex commit, a
+    repository id of the form org/name that is the model's, exact and consistent pins, distinct ports,
+    absolute paths, a known model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
   - Each problem names the hosts, the variable, the phase that needs it and how to set it; the same problem on
-    several hosts is one entry. Types and choices are the roles' argument specs' job (the kimi role validates
-    each phase role's spec through its C(inputs) entry point before calling this module).
+    several hosts is one entry. The kimi role calls it once per host (so that any strategy works, C(free)
+    included) and hands the plan to the first host's call only.
+  - Types and choices are the roles' argument specs' job: the kimi role validates what the inventory sets for
+    each phase role against that role's spec before calling this module.
   - Written by hand because no Ansible or Hub library judges these project-specific relations; version syntax
     comes from C(packaging), presets from the planner (module_utils/kimi_plan.py).
   - Changes nothing; supports check mode.
@@ -33,12 +35,10 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Check the inputs of every phase this run goes through
+- name: Check this host's inputs for the phases this run goes through
   kimi_inputs:
-    hosts: "{{ dict(ansible_play_hosts | zip(ansible_play_hosts | map('extract', hostvars, 'kimi_inputs'))) }}"
-    phases: "{{ kimi_phases_selected }}"
-    plan: "{{ kimi_plan_result }}"
-  run_once: true
+    hosts: "{{ {inventory_hostname: {'checkpoint_revision': checkpoint_revision, 'kimi_model': kimi_model}} }}"
+    phases: [checkpoint]
   delegate_to: localhost
 """
 

@@ -343,7 +343,7 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
             Problem(
                 "checkpoint_revision",
                 phase,
-                f"must be a 40-hex commit sha, lower case (got {revision!r})",
+                f"is not a 40-hex commit sha in lower case (got {revision!r})",
                 "pin the commit; a branch or tag only with checkpoint_allow_branch: true",
             )
         )

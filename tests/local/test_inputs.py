@@ -23,7 +23,7 @@ INVENTORIES = REPO_ROOT / "inventories"
 SHIPPED = sorted(p.name for p in INVENTORIES.iterdir() if p.is_dir() and p.name != "lab")
 INPUTS = REPO_ROOT / "playbooks" / "inputs.yml"
 SITE = REPO_ROOT / "site.yml"
-JUDGE = "Judge every host's inputs for those phases (on the controller)"
+JUDGE = "Judge this host's inputs for those phases (on the controller)"
 # Any node task fails at once (connection refused on loopback) instead of reaching an example address.
 NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
 VALIDATE = "Validate what the inventory and -e set for each phase's roles against the role's argument spec"
@@ -62,9 +62,11 @@ def test_the_shipped_inventories_are_the_production_ones():
 def test_a_missing_revision_is_refused_naming_variable_host_and_phase(tmp_path):
     result = run_inputs("greennode", tmp_path, checkpoint_revision="")
     assert result.rc != 0
-    (message,) = {f["msg"] for f in result.failures}
-    assert "gn-h100-node1, gn-h100-node2: checkpoint_revision is not set (needed by the checkpoint phase)" in message
-    assert "--skip-tags checkpoint" in message
+    messages = {f["host"]: f["msg"] for f in result.failures}
+    assert set(messages) == {"gn-h100-node1", "gn-h100-node2"}
+    for host, message in messages.items():
+        assert f"{host}: checkpoint_revision is not set (needed by the checkpoint phase)" in message
+        assert "--skip-tags checkpoint" in message
 
 
 def refused_by_site(tmp_path, **kwargs):
@@ -90,7 +92,7 @@ def test_site_refuses_bad_input_before_any_node_is_contacted(tmp_path):
     tasks = {f["task"] for f in result.failures}
     assert tasks == {JUDGE}, result.failure_messages()
     message = result.failures[0]["msg"]
-    assert "checkpoint_revision must be a 40-hex commit sha" in message
+    assert "checkpoint_revision is not a 40-hex commit sha" in message
     assert "kimi_vllm_pip_pins vllm must be pinned to one exact version" in message
     assert not (tmp_path / "preflight.json").exists()
 
