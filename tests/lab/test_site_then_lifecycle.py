@@ -178,15 +178,17 @@ def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving):
 
 
 def test_a_node_failing_a_phase_stops_the_later_phases_and_the_healthy_node_is_not_touched(serving):
-    # node2's checkpoint must be fetched again (its marker is gone) and its hf CLI fails: node2 fails the
-    # checkpoint phase. The serve and verify phases must stop at their start with one message naming node2,
-    # the phase and what failed, and rank 0 on node1 must keep running as it was.
+    # node2 must fetch a file of its checkpoint again (the file and the marker are gone: with every file
+    # present the role verifies and never runs hf) and its hf CLI fails: node2 fails the checkpoint phase. The
+    # serve and verify phases must stop at their start with one message naming node2, the phase and what
+    # failed, and rank 0 on node1 must keep running as it was.
     hf = "/opt/kimi-hf/2.4.0/bin/hf"
     marker = "/data/models/lab-mini/.kimi-checkpoint.json"
+    missing = "/data/models/lab-mini/tokenizer_config.json"
     before_rank0 = unit(serving, RANK0)
     broken = serving.ssh(
         "node2",
-        f"cp -p {hf} {hf}.kept && rm -f {marker} && "
+        f"cp -p {hf} {hf}.kept && rm -f {marker} {missing} && "
         f"printf '#!/bin/sh\\necho hf: simulated failure >&2\\nexit 3\\n' > {hf}",
     )
     assert broken.returncode == 0, broken.stderr
@@ -213,4 +215,4 @@ def test_a_node_failing_a_phase_stops_the_later_phases_and_the_healthy_node_is_n
         serving.ssh("node2", f"mv -f {hf}.kept {hf}")
     repaired = run_site(tags="checkpoint")
     assert repaired.rc == 0, repaired.failure_messages()
-    assert serving.ssh("node2", f"test -s {marker}").returncode == 0
+    assert serving.ssh("node2", f"test -s {marker} && test -s {missing}").returncode == 0
