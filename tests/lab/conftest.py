@@ -1,8 +1,16 @@
 """The running lab for tests/lab: one controller per session that brings the lab to the shape a test needs
 and always tears it down at the end, also when tests fail.
 
-Tests ask for `lab` (2 nodes up, the usual case), or call `lab_controller.ensure_up(n)` /
-`lab_controller.ensure_down()` themselves. `lab_controller.run(...)` runs `lab/lab` with its output captured.
+Tests ask for `lab` (2 nodes up, the usual case), for `serving` (those 2 nodes converged by site.yml and
+serving), or call `lab_controller.ensure_up(n)` / `lab_controller.ensure_down()` themselves.
+`lab_controller.run(...)` runs `lab/lab` with its output captured.
+
+One converge for the whole session: a converge is the lab layer's most expensive step (about 4 minutes on 2
+cores), so every file that needs a serving lab shares the one `serving` makes. A test that changes the nodes
+puts them back before it ends (they all end on a site.yml run); when a test fails, or the group stops
+generating tokens, the next `serving` converges again, so one failure does not cascade. The files run in
+LAB_FILE_ORDER: the node/CLI tests first (they bring labs of other sizes up and down), then the converge and
+every test that reuses it.
 
 Mirrors: lab/lab up builds and serves the real mirrors. When the mirror builders are missing from the
 checkout, or KIMI_LAB_TEST_STUB_MIRRORS=1 is set, `lab/lab` runs with small stand-ins instead (tiny
@@ -16,6 +24,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +33,22 @@ from labctl import teardown
 from labctl.settings import load_settings
 from labctl.state import StatePaths
 
+from tests.ansible_run import run_playbook
+from tests.lab_api import generates_a_token
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAB = REPO_ROOT / "lab" / "lab"
+SITE = REPO_ROOT / "site.yml"
+LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
+# Files not named here run after these, in pytest's usual order (tests outside tests/lab run before them).
+LAB_FILE_ORDER = (
+    "test_lab_cli.py",
+    "test_mirrors_from_node.py",
+    "test_site_on_lab.py",
+    "test_stack_parity.py",
+    "test_site_then_drift.py",
+    "test_site_then_lifecycle.py",
+)
 MIRROR_MODULES = ("mirrors_apt", "mirrors_wheels", "mirrors_hf")
 
 STUB_OLAH = """\
@@ -115,6 +138,9 @@ class LabController:
     paths: StatePaths
     node_count: int = 0
     log: list[str] = field(default_factory=list)
+    # The first successful site.yml converge of the current lab (None until one ran, or after `down`).
+    converged: object | None = None
+    converges: int = 0
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         proc = subprocess.run(
@@ -141,6 +167,7 @@ class LabController:
         proc = self.run("down")
         assert proc.returncode == 0, proc.stderr
         self.node_count = 0
+        self.converged = None
 
     def status(self) -> dict:
         proc = self.run("status", "--json")
@@ -174,3 +201,44 @@ def lab(lab_controller):
     """A running 2-node lab (brought up once and reused while tests keep it that way)."""
     lab_controller.ensure_up(2)
     return lab_controller
+
+
+def pytest_collection_modifyitems(items):
+    """Run the lab files in LAB_FILE_ORDER (stable: tests keep their order inside a file)."""
+
+    here = Path(__file__).parent
+
+    def rank(item) -> int:
+        path = Path(str(item.fspath))
+        if path.parent != here:
+            return -1
+        return LAB_FILE_ORDER.index(path.name) if path.name in LAB_FILE_ORDER else len(LAB_FILE_ORDER)
+
+    items.sort(key=rank)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test, so `serving` knows whether the test before it failed."""
+    report = yield
+    setattr(item, f"lab_report_{report.when}", report)
+    return report
+
+
+@pytest.fixture
+def serving(lab_controller, request):
+    """The 2-node lab converged by site.yml and generating tokens, shared by every test that asks for it."""
+    lab_controller.ensure_up(2)
+    if lab_controller.converged is None or not generates_a_token():
+        started = time.monotonic()
+        result = run_playbook(SITE, LAB_INVENTORY)
+        print(f"serving: site.yml converge -> rc {result.rc} in {time.monotonic() - started:.1f} s")
+        assert result.rc == 0, result.failure_messages()
+        assert generates_a_token(), "the lab does not generate a token after a converge"
+        lab_controller.converged = result
+        lab_controller.converges += 1
+    yield lab_controller
+    call = getattr(request.node, "lab_report_call", None)
+    if call is None or call.failed:
+        # The test may have left the nodes half-changed: the next test that needs them converges again.
+        lab_controller.converged = None

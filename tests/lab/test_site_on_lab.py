@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.ansible_run import REPO_ROOT, run_playbook
+from tests.lab_api import generates_a_token
 
 pytestmark = pytest.mark.lab
 
@@ -37,52 +38,61 @@ def assert_refused(result, *fragments: str) -> str:
     raise AssertionError(f"no failure names {fragments}; failures: {result.failure_messages()}")
 
 
-def test_site_converges_and_a_second_run_changes_nothing(lab):
-    first = run_site()
+def test_site_converges_and_a_second_run_changes_nothing(serving):
+    # `serving` ran the first converge of this lab (once for the whole session; tests/lab/conftest.py).
+    first = serving.converged
     assert first.rc == 0, first.failure_messages()
+    assert first.changed > 0, "the first converge of fresh nodes changed nothing"
     second = run_site()
     assert second.rc == 0, second.failure_messages()
     assert second.changed == 0, second.stats.get("changed")
     assert second.count("failures") == 0
 
 
-def test_data_filesystem_too_small_is_refused_with_both_numbers(lab):
+def test_data_filesystem_too_small_is_refused_with_both_numbers(serving):
     # After the converge /data holds the ~8.6 MB checkpoint: what is still needed is the margin (0.05 GiB),
     # and 20 MiB leaves less free than that.
-    assert lab.run("data-size", "node2", "20M").returncode == 0
+    assert serving.run("data-size", "node2", "20M").returncode == 0
     try:
         message = assert_refused(run_site(tags="preflight"), "node2: data_disk: disk /data: need")
         assert "available" in message and " B (" in message
     finally:
-        assert lab.run("data-size", "node2", "4G").returncode == 0
+        assert serving.run("data-size", "node2", "4G").returncode == 0
 
 
-def test_wrong_interface_name_is_refused_for_every_node(lab):
+def test_wrong_interface_name_is_refused_for_every_node(serving):
     result = run_site(tags="preflight", extravars={"kimi_network_interface": "ib9"})
     for node in ("node1", "node2"):
         assert_refused(result, f"{node}: interfaces: interface ib9 does not exist (node has: host0, lo)")
 
 
-def test_a_taken_port_is_refused_naming_the_process(lab):
+def test_a_taken_port_is_refused_naming_the_process(serving):
     # Our own vLLM (kimi-vllm.service) holds port 8000 after the converge, and preflight accepts that; a
     # stranger holding it must be refused. Stop ours, let a stranger take the port, then restore ours.
-    stopped = lab.ssh("node1", "systemctl stop kimi-vllm")
+    # Rank 0 started alone waits forever for ranks that joined its previous run, so the group is stopped and
+    # started as the serve phase does it (headless rank first), which spares the next test a converge.
+    stopped = serving.ssh("node1", "systemctl stop kimi-vllm")
     assert stopped.returncode == 0, stopped.stderr
-    started = lab.ssh("node1", "systemd-run --unit=port-squatter python3 -m http.server 8000")
+    started = serving.ssh("node1", "systemd-run --unit=port-squatter python3 -m http.server 8000")
     assert started.returncode == 0, started.stderr
     try:
         assert_refused(run_site(tags="preflight"), "node1: ports: port 8000 (API) is taken by pid", "http.server")
     finally:
-        lab.ssh("node1", "systemctl stop port-squatter")
-        lab.ssh("node1", "systemctl start kimi-vllm")
+        serving.ssh("node1", "systemctl stop port-squatter")
+        serving.ssh("node2", "systemctl restart kimi-vllm-headless")
+        serving.ssh("node1", "systemctl start kimi-vllm")
+    deadline = time.monotonic() + 240
+    while not generates_a_token(timeout=10):
+        assert time.monotonic() < deadline, "the group restarted in order did not serve again within 240 s"
+        time.sleep(5)
 
 
-def test_layout_not_matching_the_nodes_is_refused(lab):
+def test_layout_not_matching_the_nodes_is_refused(serving):
     result = run_site(tags="preflight", extravars={"kimi_pipeline_parallel_size": 3})
     assert_refused(result, "layout needs 3 GPUs", "kimi_nodes has 2 node(s) x kimi_gpus_per_node 1 = 2")
 
 
-def test_duplicate_ranks_are_refused(lab, tmp_path):
+def test_duplicate_ranks_are_refused(serving, tmp_path):
     inventory = tmp_path / "inventory"
     inventory.mkdir()
     hosts = yaml.safe_load((LAB_INVENTORY / "hosts.yml").read_text())
@@ -94,15 +104,15 @@ def test_duplicate_ranks_are_refused(lab, tmp_path):
     assert_refused(result, "duplicate kimi_node_rank (rank 0: node1, node2); rank(s) 1 have no host")
 
 
-def test_a_plan_that_does_not_fit_is_refused(lab):
+def test_a_plan_that_does_not_fit_is_refused(serving):
     # 1 MiB of KV per rank holds 896 tokens: less than one 2,048-token sequence.
     result = run_site(tags="preflight", extravars={"kimi_kv_cache_gib_per_gpu": 0.0009765625})
     message = assert_refused(result, "plan does not fit")
     assert "2,048" in message or "2048" in message, message
 
 
-def test_a_node_cut_off_the_network_is_reported_unreachable(lab):
-    assert lab.run("cut", "node2").returncode == 0
+def test_a_node_cut_off_the_network_is_reported_unreachable(serving):
+    assert serving.run("cut", "node2").returncode == 0
     try:
         result = run_site(tags="preflight")
         assert result.rc != 0
@@ -110,4 +120,4 @@ def test_a_node_cut_off_the_network_is_reported_unreachable(lab):
         (failure,) = [f for f in result.failures if f["unreachable"]]
         assert failure["host"] == "node2" and failure["msg"]
     finally:
-        assert lab.run("heal", "node2").returncode == 0
+        assert serving.run("heal", "node2").returncode == 0

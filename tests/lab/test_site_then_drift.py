@@ -55,14 +55,6 @@ def assert_named(messages: list[str], host: str, kind: str, *fragments: str) -> 
         raise AssertionError(f"no '{wanted}...{' ... '.join(fragments)}' among:\n" + "\n".join(messages))
 
 
-@pytest.fixture(scope="module")
-def serving(lab_controller):
-    lab_controller.ensure_up(2)
-    result = run(SITE)
-    assert result.rc == 0, result.failure_messages()
-    return lab_controller
-
-
 def test_drift_is_clean_right_after_a_converge(serving):
     result, report = drift()
     assert result.rc == 0, report["messages"]

@@ -12,21 +12,18 @@ CLOSE-WAIT, which the serve phase reads. These tests hold that behaviour.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
-import urllib.request
 
 import pytest
 
 from tests.ansible_run import REPO_ROOT, run_playbook
+from tests.lab_api import generates_a_token
 
 pytestmark = pytest.mark.lab
 
 SITE = REPO_ROOT / "site.yml"
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 RAY_PLAYBOOKS = REPO_ROOT / "tests" / "lab" / "playbooks"
-API = "http://198.18.0.11:8000"
 RANK0, HEADLESS = ("node1", "kimi-vllm.service"), ("node2", "kimi-vllm-headless.service")
 STOPPED_BY_AN_EARLIER_FAILURE = "Stop this phase when a node of the group failed an earlier phase of this run"
 
@@ -53,18 +50,6 @@ def started_at(state: dict[str, str]) -> float:
     return float(state["ExecMainStartTimestamp"].lstrip("@"))
 
 
-def generates_a_token(timeout: float = 30) -> bool:
-    route = subprocess.run(["ip", "route", "get", "198.18.0.11"], capture_output=True, text=True, check=True)
-    assert "dev br-lab" in route.stdout, f"198.18.0.11 does not route via the lab bridge: {route.stdout}"
-    body = json.dumps({"model": "kimi-k2", "prompt": "ping", "max_tokens": 1}).encode()
-    request = urllib.request.Request(f"{API}/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return reply.status == 200 and bool(json.load(reply)["choices"])
-    except OSError:
-        return False
-
-
 def restart_reasons(result) -> list[str]:
     shown = result.results_of("Say why the group restarts")
     return [line for res in shown.values() for line in res.get("msg", [])]
@@ -76,15 +61,6 @@ def assert_restarted_in_order(lab, before_rank0: dict, before_headless: dict) ->
     assert headless["InvocationID"] != before_headless["InvocationID"], "the headless rank was not restarted"
     assert started_at(headless) <= started_at(rank0), "rank 0 started before the headless rank"
     assert rank0["ActiveState"] == headless["ActiveState"] == "active"
-
-
-@pytest.fixture(scope="module")
-def serving(lab_controller):
-    lab_controller.ensure_up(2)
-    result = run_site()
-    assert result.rc == 0, result.failure_messages()
-    assert generates_a_token()
-    return lab_controller
 
 
 def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(serving):
