@@ -21,8 +21,8 @@ sys.path.insert(0, str(REPO))
 import ansible.module_utils  # noqa: E402
 
 # Same arrangement as tests/conftest.py: module_utils imports its siblings as ansible.module_utils.*.
-if str(REPO / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "module_utils"))
+if str(REPO / "plugins" / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO / "plugins" / "module_utils"))
 
 from module_utils.kimi_parity import Pins, compare, render_table, report_json  # noqa: E402
 

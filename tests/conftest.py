@@ -18,5 +18,5 @@ for path in (REPO_ROOT, REPO_ROOT / "lab"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-if str(REPO_ROOT / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO_ROOT / "module_utils"))
+if str(REPO_ROOT / "plugins" / "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(str(REPO_ROOT / "plugins" / "module_utils"))

@@ -1,5 +1,5 @@
 """A node that fails a phase stops the later phases of its group with one message, and nothing runs on the
-healthy node (roles/kimi/tasks/main.yml with callback_plugins/kimi_phase_failures.py), on local hosts."""
+healthy node (roles/kimi/tasks/main.yml with plugins/callback/kimi_phase_failures.py), on local hosts."""
 
 from __future__ import annotations
 

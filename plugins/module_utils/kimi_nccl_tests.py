@@ -1,0 +1,764 @@
+"""nccl-tests across the cluster: the launcher command (mpirun or torchrun) from the inventory, the parser for
+what all_reduce_perf and NCCL's INFO logging print, and the verdict against the site's gates.
+
+Pure logic, no Ansible: plugins/modules/kimi_nccl_tests.py wraps it, tests call it with recorded outputs
+(tests/fixtures/nccl_tests/). The output formats followed are nccl-tests' (2.x: the `# nThread ...` header, the
+`#  Rank N Group ...` device lines, the size/count/type/redop/root table with out-of-place and in-place
+time/algbw/busbw/#wrong, the `Out of bounds values` and `Avg bus bandwidth` footer) and NCCL's debug lines
+(`host:pid:tid [dev] NCCL INFO ...`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LAUNCHERS = ("mpirun", "torchrun")
+# What nccl_tests_require_transport accepts: RDMA is either InfiniBand or RoCE.
+TRANSPORTS = ("", "IB", "RoCE", "RDMA")
+# Always exported to the ranks: the transport lines the verdict reads are INFO lines of these subsystems.
+DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+# Exit status of coreutils timeout(1) when the limit was reached.
+TIMEOUT_RC = 124
+
+_SIZE = re.compile(r"^[0-9]+[KMGkmg]?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class NcclTestsInputError(ValueError):
+    """An input the launcher cannot run with, naming the role variable to fix."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+# ------------------------------------------------------------------------------------------ environment
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """KEY=VALUE lines of an EnvironmentFile (comments and blank lines skipped, one pair of quotes removed)."""
+    found: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        name, value = line.split("=", 1)
+        name, value = name.strip(), value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if _ENV_NAME.match(name):
+            found[name] = value
+    return found
+
+
+def launch_env(
+    file_env: Mapping[str, str], extra_env: Mapping[str, str] | None = None, prefixes: Sequence[str] = ("NCCL_",)
+) -> dict[str, str]:
+    """What every rank gets: the NCCL variables of the nccl role's file, then INFO logging of INIT and NET (the
+    verdict needs those lines), then the role's extra variables, which win."""
+    env = {name: str(value) for name, value in file_env.items() if name.startswith(tuple(prefixes))}
+    env.update(DEBUG_ENV)
+    env.update({name: str(value) for name, value in (extra_env or {}).items()})
+    return dict(sorted(env.items()))
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything the launcher argv depends on, as the role's variables give it (names in the comments)."""
+
+    launcher: str  # nccl_tests_launcher: mpirun or torchrun
+    hosts_by_rank: Sequence[str]  # kimi role: the kimi_nodes hosts ordered by node rank
+    host_addresses: Mapping[str, str]  # per host: nccl_tests_host_address (kimi_host_ip or the interface's IPv4)
+    gpus_per_node: int  # nccl_tests_gpus_per_node (kimi_gpus_per_node)
+    binary: str  # all_reduce_perf (mpirun) or the torch benchmark script (torchrun)
+    min_bytes: str = "1M"  # nccl_tests_min_bytes (-b)
+    max_bytes: str = "4G"  # nccl_tests_max_bytes (-e)
+    step_factor: int = 2  # nccl_tests_step_factor (-f)
+    gpus_per_process: int = 1  # nccl_tests_gpus_per_process (-g)
+    iters: int = 20  # nccl_tests_iters (-n)
+    warmup_iters: int = 5  # nccl_tests_warmup_iters (-w)
+    check_iters: int = 1  # nccl_tests_check_iters (-c; 0 skips the data check)
+    env: Mapping[str, str] = field(default_factory=dict)  # launch_env(): -x for mpirun, the environment for torchrun
+    interface: str = ""  # nccl_tests_interface (kimi_network_interface): MPI's TCP and out-of-band traffic
+    launcher_path: str = ""  # nccl_tests_mpirun / nccl_tests_torchrun; empty: the launcher's name
+    launcher_args: Sequence[str] = ()  # nccl_tests_mpirun_args / nccl_tests_torchrun_args, before the binary
+    test_args: Sequence[str] = ()  # nccl_tests_extra_test_args, after the sizes
+    master_port: int = 29611  # nccl_tests_torchrun_master_port (torchrun only)
+    allow_run_as_root: bool = False  # mpirun refuses root without --allow-run-as-root
+    timeout_s: int = 0  # nccl_tests_timeout: wrap the launcher in timeout(1); 0 runs without a limit
+
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts_by_rank)
+
+    @property
+    def processes_per_node(self) -> int:
+        return self.gpus_per_node // max(self.gpus_per_process, 1)
+
+
+def validate(spec: LaunchSpec) -> list[NcclTestsInputError]:
+    """Every reason the spec cannot be launched, each naming its variable."""
+    problems = []
+    if spec.launcher not in LAUNCHERS:
+        problems.append(NcclTestsInputError("nccl_tests_launcher", f"{spec.launcher!r} is not one of mpirun, torchrun"))
+    if not spec.hosts_by_rank:
+        problems.append(NcclTestsInputError("kimi_nodes", "the group has no hosts"))
+    for host in spec.hosts_by_rank:
+        if not str(spec.host_addresses.get(host) or "").strip():
+            problems.append(
+                NcclTestsInputError(
+                    "nccl_tests_host_address",
+                    f"{host} has no address: set kimi_host_ip, or make sure kimi_network_interface "
+                    f"{spec.interface or '(unset)'} has an IPv4 address there (facts of that interface are needed)",
+                )
+            )
+    if spec.gpus_per_node < 1 or spec.gpus_per_process < 1:
+        problems.append(
+            NcclTestsInputError("nccl_tests_gpus_per_process", "GPUs per node and per process must be >= 1")
+        )
+    elif spec.gpus_per_node % spec.gpus_per_process:
+        problems.append(
+            NcclTestsInputError(
+                "nccl_tests_gpus_per_process",
+                f"{spec.gpus_per_process} (-g) does not divide {spec.gpus_per_node} GPUs per node",
+            )
+        )
+    if spec.launcher == "torchrun" and spec.gpus_per_process != 1:
+        problems.append(NcclTestsInputError("nccl_tests_gpus_per_process", "torchrun runs one GPU per process: use 1"))
+    for variable, value in (("nccl_tests_min_bytes", spec.min_bytes), ("nccl_tests_max_bytes", spec.max_bytes)):
+        if not _SIZE.match(str(value)):
+            problems.append(NcclTestsInputError(variable, f"{value!r} is not a size like 8, 128K, 1M or 4G"))
+    if not problems and parse_size(spec.min_bytes) > parse_size(spec.max_bytes):
+        problems.append(
+            NcclTestsInputError("nccl_tests_min_bytes", f"{spec.min_bytes} is larger than max {spec.max_bytes}")
+        )
+    if spec.step_factor < 2:
+        problems.append(NcclTestsInputError("nccl_tests_step_factor", "the size factor (-f) must be at least 2"))
+    if spec.iters < 1 or spec.warmup_iters < 0 or spec.check_iters < 0:
+        problems.append(NcclTestsInputError("nccl_tests_iters", "iterations must be >= 1 (warmup and check >= 0)"))
+    for name, value in spec.env.items():
+        if not _ENV_NAME.match(name) or "\n" in str(value):
+            problems.append(NcclTestsInputError("nccl_tests_extra_env", f"{name}={value!r} is not a usable variable"))
+    if spec.interface and not re.match(r"^[A-Za-z0-9_.:@-]+$", spec.interface):
+        problems.append(
+            NcclTestsInputError("nccl_tests_interface", f"{spec.interface!r} is not one interface name (MPI needs one)")
+        )
+    return problems
+
+
+def parse_size(text: str) -> int:
+    """nccl-tests' size syntax: bytes with an optional K, M or G (powers of 1024)."""
+    text = str(text).strip()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def _test_args(spec: LaunchSpec) -> list[str]:
+    args = ["-b", str(spec.min_bytes), "-e", str(spec.max_bytes), "-f", str(spec.step_factor)]
+    if spec.launcher == "mpirun":
+        args += ["-g", str(spec.gpus_per_process)]
+    args += ["-n", str(spec.iters), "-w", str(spec.warmup_iters), "-c", str(spec.check_iters)]
+    return args + [str(arg) for arg in spec.test_args]
+
+
+def _timeout_prefix(spec: LaunchSpec) -> list[str]:
+    # The launcher gets TERM at the limit and KILL 30 s later; its exit status is then 124.
+    return ["timeout", "--kill-after=30", str(spec.timeout_s)] if spec.timeout_s > 0 else []
+
+
+def mpirun_argv(spec: LaunchSpec) -> list[str]:
+    """One mpirun on node rank 0 starts every rank: -np nodes x processes per node, -H addr:slots in node order,
+    MPI's own traffic on the cluster interface, every NCCL variable exported with -x."""
+    slots = spec.processes_per_node
+    argv = [*_timeout_prefix(spec), spec.launcher_path or "mpirun"]
+    if spec.allow_run_as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["-np", str(spec.nodes * slots)]
+    argv += ["-H", ",".join(f"{spec.host_addresses[host]}:{slots}" for host in spec.hosts_by_rank)]
+    if spec.interface:
+        argv += ["--mca", "btl_tcp_if_include", spec.interface, "--mca", "oob_tcp_if_include", spec.interface]
+    for name, value in spec.env.items():
+        argv += ["-x", f"{name}={value}"]
+    argv += [str(arg) for arg in spec.launcher_args]
+    return [*argv, spec.binary, *_test_args(spec)]
+
+
+def torchrun_argv(spec: LaunchSpec, host: str) -> list[str]:
+    """torchrun on every node with its node rank; rank 0's address is the rendezvous. The environment (NCCL
+    variables) is set on the process, not in the argv."""
+    master = spec.host_addresses[spec.hosts_by_rank[0]]
+    argv = [*_timeout_prefix(spec), spec.launcher_path or "torchrun"]
+    argv += ["--nnodes", str(spec.nodes), "--nproc-per-node", str(spec.gpus_per_node)]
+    argv += ["--node-rank", str(list(spec.hosts_by_rank).index(host))]
+    argv += ["--master-addr", master, "--master-port", str(spec.master_port)]
+    argv += [str(arg) for arg in spec.launcher_args]
+    return [*argv, spec.binary, *_test_args(spec)]
+
+
+def render(spec: LaunchSpec) -> dict[str, Any]:
+    """The commands to run, per host: mpirun runs on node rank 0 only, torchrun on every node at once.
+    Raises NcclTestsInputError (the first problem) when the spec cannot run."""
+    problems = validate(spec)
+    if problems:
+        raise problems[0]
+    if spec.launcher == "mpirun":
+        commands = {spec.hosts_by_rank[0]: mpirun_argv(spec)}
+    else:
+        commands = {host: torchrun_argv(spec, host) for host in spec.hosts_by_rank}
+    return {
+        "launcher": spec.launcher,
+        "run_on": list(commands),
+        "commands": commands,
+        "command_lines": {host: shlex.join(argv) for host, argv in commands.items()},
+        "env": dict(spec.env),
+        "ranks": spec.nodes * spec.gpus_per_node,
+        "processes": spec.nodes * spec.processes_per_node,
+    }
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+# mpirun --tag-output prefixes every line with [job,rank]<stdout>:
+_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:\s?")
+_TESTS_VERSION = re.compile(r"^#\s*nccl-tests version (\S+)")
+_CODES = re.compile(r"nccl-headers=(\d+)|nccl-library=(\d+)")
+_PROGRAM = re.compile(r"^#\s*Collective test starting: (\S+)")
+_CONCLUDED = re.compile(r"^#\s*Collective test concluded: (\S+)")
+_CONFIG = re.compile(
+    r"^#\s*nThread (\d+) nGpus (\d+) minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\) "
+    r"warmup iters: (\d+) iters: (\d+) agg iters: (\d+) validation: (\d+) graph: (\d+)"
+)
+_RANK = re.compile(
+    r"^#\s+Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[([0-9A-Fa-fx:.]+)\]\s+(.*?)\s*$"
+)
+_OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
+_AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+_PER_ITER_HEADER = re.compile(r"out-of-place \(\+ per-iteration\)")
+# host:pid:tid [cudaDev] [file:line [(func)]] NCCL INFO|WARN message; an optional [timestamp] before it.
+_NCCL_LINE = re.compile(
+    r"^(?:\[[^\]]*\]\s*)?(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+)\s+\[(?P<dev>\d+)\]\s+"
+    r"(?:\S+:\d+\s+(?:\(\S*\)\s+)?)?NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
+)
+_VERSION_ONLY = re.compile(r"^NCCL version (\d+\.\d+\.\d+\S*)")
+_NCCL_VERSION = re.compile(r"^NCCL version (\d+)\.(\d+)\.(\d+)(\S*)")
+_NET_IB = re.compile(r"^NET/IB ?: Using(.*?)(?:;\s*OOB (\S+?):(\S+))?\s*$")
+_IB_DEVICE = re.compile(r"\[(\d+)\]([^:\s\]]+):(\d+)(?::[^/\s]*)?/(IB|RoCE)")
+_NET_IB_NONE = re.compile(r"^NET/IB ?: No device found")
+_NET_SOCKET = re.compile(r"^NET/Socket ?: Using(.*)$")
+_SOCKET_IF = re.compile(r"\[(\d+)\]([^:\s]+):(\S+)")
+_USING_NETWORK = re.compile(r"^Using network (.+?)\s*$")
+_BOOTSTRAP = re.compile(r"^Bootstrap ?: Using (\S+?):(\S+)")
+_CHANNEL_NET = re.compile(
+    r"^Channel \d+(?:/\d+)? : (\d+)\[[0-9a-fA-Fx]+\] -> (\d+)\[[0-9a-fA-Fx]+\]"
+    r"(?: \[(send|receive)\])? via NET/([^/\s]+)/(\d+)(?:\(\d+\))?(/GDRDMA)?"
+)
+_CHANNEL_LOCAL = re.compile(r"^Channel \d+(?:/\d+)? : .* via (P2P|SHM|NVLS|CollNet)")
+_COMM = re.compile(r"\bcomm 0x[0-9a-fA-F]+ rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+)")
+_IB_HINT = re.compile(r"(?:Count|Could) not open (libibverbs\S*|libmlx5\S*)|NCCL_IB_DISABLE|ibv_\w+ failed")
+# Lines that say the run (or its launch) failed; kept verbatim in the summary.
+_FAILURE_LINES = re.compile(
+    r"Test (?:NCCL|CUDA) failure|: Test failure |^# error:|Invalid number of GPUs|"
+    r"mpirun detected that one or more processes exited with non-zero status|"
+    r"mpirun noticed that process rank|mpirun was unable to|ORTE was unable to|PRTE has lost communication|"
+    r"^ssh: |Permission denied \(|Host key verification failed|"
+    r"ChildFailedError|RendezvousTimeoutError|DistNetworkError|torch\.distributed\.\S*Error|"
+    r"^Traceback \(most recent call last\)|CUDA error|out of memory",
+)
+_EXIT_CODE = re.compile(r"^\s*Exit code:\s*(-?\d+)")
+
+
+def decode_nccl_version(code: int) -> str:
+    """NCCL's version code as X.Y.Z: X*10000+Y*100+Z since 2.9, X*1000+Y*100+Z before (2804 is 2.8.4)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+def upstream_version(version: str) -> str:
+    """X.Y.Z of a Debian version (2.30.7-1+cuda13.3), a NCCL banner (2.30.7+cuda13.3) or a wheel (2.28.9)."""
+    found = re.match(r"^\s*(\d+\.\d+\.\d+)", str(version or ""))
+    return found.group(1) if found else str(version or "").strip()
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _row(tokens: list[str], group: int) -> dict[str, Any] | None:
+    """A table row: size count type redop root, then out-of-place and in-place groups (time algbw busbw #wrong
+    [+ 4 per-iteration columns]); the out-of-place group is blank when the test only runs in place."""
+    if len(tokens) < 5 + 4 or not (tokens[0].isdigit() and tokens[1].isdigit()):
+        return None
+    if not re.match(r"^-?\d+$", tokens[4]):
+        return None
+    values = tokens[5:]
+    sides: list[dict[str, Any] | None] = []
+    for start in range(0, 2 * group, group):
+        chunk = values[start : start + 4]
+        if len(chunk) < 4:
+            break
+        time_us, algbw, busbw = (_number(item) for item in chunk[:3])
+        if time_us is None or algbw is None or busbw is None:
+            break
+        wrong = None if chunk[3] == "N/A" else _number(chunk[3])
+        sides.append(
+            {"time_us": time_us, "algbw": algbw, "busbw": busbw, "wrong": None if wrong is None else int(wrong)}
+        )
+    if not sides:
+        return None
+    out_of_place, in_place = (sides[0], sides[1]) if len(sides) == 2 else (None, sides[0])
+    return {
+        "size": int(tokens[0]),
+        "count": int(tokens[1]),
+        "type": tokens[2],
+        "redop": tokens[3],
+        "root": int(tokens[4]),
+        "out_of_place": out_of_place,
+        "in_place": in_place,
+    }
+
+
+def _host_of_address(text: str) -> str:
+    return text.split("<", 1)[0]
+
+
+def _classify(network: str, links: set[str]) -> str:
+    """NCCL's network name as the transport people mean: IB and RoCE are both NCCL's "IB" network; the link
+    layer of the HCAs tells them apart. Plugins keep their own name."""
+    if network.upper().startswith("IB"):
+        if links == {"RoCE"}:
+            return "RoCE"
+        if "RoCE" in links and "IB" in links:
+            return "IB+RoCE"
+        return "IB"
+    return network
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+class _State:
+    """Accumulates what the lines say; summary() turns it into plain data."""
+
+    def __init__(self) -> None:
+        self.tests_version: str | None = None
+        self.headers_code: int | None = None
+        self.library_code: int | None = None
+        self.program: str | None = None
+        self.concluded = False
+        self.config: dict[str, Any] | None = None
+        self.per_iteration = False
+        self.ranks: dict[int, dict[str, Any]] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.out_of_bounds: int | None = None
+        self.avg_busbw: float | None = None
+        self.versions: dict[str, set[str]] = {}
+        self.banners: dict[str, set[str]] = {}
+        self.networks: dict[str, str] = {}
+        self.ib_devices: dict[str, list[dict[str, Any]]] = {}
+        self.oob: dict[str, str] = {}
+        self.ib_missing: set[str] = set()
+        self.ib_hints: list[str] = []
+        self.sockets: dict[str, list[str]] = {}
+        self.bootstrap: dict[str, str] = {}
+        self.channel_nets: dict[str, dict[str, int]] = {}
+        self.net_channels = 0
+        self.gdr_channels = 0
+        self.local_channels = 0
+        self.comm_ranks: int | None = None
+        self.comm_nodes: int | None = None
+        self.warnings: list[str] = []
+        self.failures: list[str] = []
+        self.exit_codes: list[int] = []
+        self.nccl_lines = 0
+
+    def nccl(self, host: str, level: str, message: str) -> None:
+        self.nccl_lines += 1
+        if level == "WARN":
+            self.warnings.append(f"{host}: {message.strip()}")
+            return
+        found = _NCCL_VERSION.match(message)
+        if found:
+            self.versions.setdefault(host, set()).add(".".join(found.group(1, 2, 3)))
+            self.banners.setdefault(host, set()).add(message.split(" ", 2)[2].strip())
+            return
+        self._network(host, message)
+
+    def _network(self, host: str, message: str) -> None:
+        found = _NET_IB.match(message)
+        if found:
+            devices = [
+                {"index": int(m.group(1)), "name": m.group(2), "port": int(m.group(3)), "link": m.group(4)}
+                for m in _IB_DEVICE.finditer(found.group(1))
+            ]
+            self.ib_devices.setdefault(host, [])
+            known = {device["name"] for device in self.ib_devices[host]}
+            self.ib_devices[host] += [device for device in devices if device["name"] not in known]
+            if found.group(2):
+                self.oob[host] = f"{found.group(2)}:{_host_of_address(found.group(3))}"
+            return
+        if _NET_IB_NONE.match(message):
+            self.ib_missing.add(host)
+            return
+        found = _NET_SOCKET.match(message)
+        if found:
+            interfaces = [f"{m.group(2)}:{_host_of_address(m.group(3))}" for m in _SOCKET_IF.finditer(found.group(1))]
+            self.sockets[host] = _unique(self.sockets.get(host, []) + interfaces)
+            return
+        found = _USING_NETWORK.match(message)
+        if found:
+            self.networks[host] = found.group(1)
+            return
+        found = _BOOTSTRAP.match(message)
+        if found:
+            self.bootstrap[host] = f"{found.group(1)}:{_host_of_address(found.group(2))}"
+            return
+        found = _CHANNEL_NET.match(message)
+        if found:
+            self.net_channels += 1
+            self.gdr_channels += 1 if found.group(6) else 0
+            per_host = self.channel_nets.setdefault(host, {})
+            per_host[found.group(4)] = per_host.get(found.group(4), 0) + 1
+            return
+        if _CHANNEL_LOCAL.match(message):
+            self.local_channels += 1
+            return
+        found = _COMM.search(message)
+        if found:
+            self.comm_ranks, self.comm_nodes = int(found.group(2)), int(found.group(3))
+            return
+        if _IB_HINT.search(message):
+            self.ib_hints.append(f"{host}: {message.strip()}")
+
+    def comment(self, line: str) -> None:
+        found = _TESTS_VERSION.match(line)
+        if found:
+            self.tests_version = found.group(1)
+        for headers, library in _CODES.findall(line):
+            if headers:
+                self.headers_code = int(headers)
+            if library:
+                self.library_code = int(library)
+        found = _PROGRAM.match(line)
+        if found:
+            self.program = found.group(1)
+        if _CONCLUDED.match(line):
+            self.concluded = True
+        found = _CONFIG.match(line)
+        if found:
+            values = [int(found.group(i)) if i != 6 else found.group(i) for i in range(1, 12)]
+            keys = ("nthread", "ngpus", "min_bytes", "max_bytes", "step", "step_kind", "warmup_iters", "iters")
+            self.config = dict(zip(keys, values[:8], strict=True))
+            self.config.update(agg_iters=values[8], validation=values[9], graph=values[10])
+        if _PER_ITER_HEADER.search(line):
+            self.per_iteration = True
+        found = _RANK.match(line)
+        if found:
+            rank = int(found.group(1))
+            self.ranks[rank] = {
+                "rank": rank,
+                "group": int(found.group(2)),
+                "pid": int(found.group(3)),
+                "host": found.group(4),
+                "device": int(found.group(5)),
+                "bus_id": found.group(6),
+                "gpu": found.group(7),
+            }
+        found = _OUT_OF_BOUNDS.match(line)
+        if found:
+            self.out_of_bounds = int(found.group(1))
+        found = _AVG_BUSBW.match(line)
+        if found:
+            self.avg_busbw = _number(found.group(1))
+
+
+def parse_output(text: str) -> dict[str, Any]:
+    """Everything the verdict and the report need from one run's output (stdout and stderr together, any
+    order): the test's header, ranks and table, and what NCCL logged about its version and transport."""
+    state = _State()
+    for raw in text.splitlines():
+        line = _TAG.sub("", raw.rstrip("\r"))
+        nccl = _NCCL_LINE.match(line)
+        if nccl:
+            state.nccl(nccl.group("host"), nccl.group("level"), nccl.group("msg"))
+        elif _VERSION_ONLY.match(line):
+            # NCCL_DEBUG=VERSION or WARN prints the banner alone, without host or rank.
+            state.nccl("?", "INFO", line)
+        elif line.startswith("#"):
+            state.comment(line)
+        else:
+            row = _row(line.split(), 8 if state.per_iteration else 4)
+            if row is not None:
+                state.rows.append(row)
+        if _FAILURE_LINES.search(line):
+            state.failures.append(line.strip())
+        found = _EXIT_CODE.match(line)
+        if found:
+            state.exit_codes.append(int(found.group(1)))
+    return _summary(state)
+
+
+def _busbw_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    best: tuple[float, int, str] | None = None
+    values = []
+    wrong_rows, wrong_total = [], 0
+    for row in rows:
+        for side in ("out_of_place", "in_place"):
+            result = row[side]
+            if result is None:
+                continue
+            values.append(result["busbw"])
+            if best is None or result["busbw"] > best[0]:
+                best = (result["busbw"], row["size"], side)
+            if result["wrong"]:
+                wrong_total += result["wrong"]
+                wrong_rows.append(row["size"])
+    return {
+        "max_busbw": best[0] if best else None,
+        "max_busbw_size": best[1] if best else None,
+        "max_busbw_side": best[2] if best else None,
+        "computed_avg_busbw": round(sum(values) / len(values), 4) if values else None,
+        "wrong": wrong_total,
+        "wrong_sizes": list(dict.fromkeys(wrong_rows)),
+    }
+
+
+def _transport(state: _State) -> tuple[str | None, dict[str, str]]:
+    """The transport per host: the NET transport its channels were set up over, else the network NCCL said it
+    uses; one value for the run, "mixed" when hosts disagree."""
+    hosts = _unique([*state.networks, *state.channel_nets])
+    by_host = {}
+    for host in hosts:
+        channel_nets = state.channel_nets.get(host)
+        network = max(channel_nets, key=channel_nets.get) if channel_nets else state.networks[host]
+        links = {device["link"] for device in state.ib_devices.get(host, [])}
+        by_host[host] = _classify(network, links)
+    kinds = set(by_host.values())
+    overall = None if not kinds else (kinds.pop() if len(kinds) == 1 else "mixed")
+    return overall, by_host
+
+
+def _summary(state: _State) -> dict[str, Any]:
+    ranks = [state.ranks[rank] for rank in sorted(state.ranks)]
+    hosts = _unique(rank["host"] for rank in ranks)
+    transport, transports_by_host = _transport(state)
+    versions = {host: sorted(found) for host, found in state.versions.items()}
+    summary: dict[str, Any] = {
+        "program": state.program,
+        "nccl_tests_version": state.tests_version,
+        "complete": state.avg_busbw is not None,
+        "concluded": state.concluded,
+        "config": state.config,
+        "rank_count": len(ranks) or None,
+        "hosts": hosts,
+        "ranks_per_host": {host: sum(1 for rank in ranks if rank["host"] == host) for host in hosts},
+        "gpu_models": _unique(rank["gpu"] for rank in ranks),
+        "ranks": ranks,
+        "nccl_comm_ranks": state.comm_ranks,
+        "nccl_comm_nodes": state.comm_nodes,
+        "rows": state.rows,
+        "out_of_bounds": state.out_of_bounds,
+        "avg_busbw": state.avg_busbw,
+        "nccl_versions": versions,
+        "nccl_version_banners": {host: sorted(found) for host, found in state.banners.items()},
+        "nccl_library_version": decode_nccl_version(state.library_code) if state.library_code else None,
+        "nccl_headers_version": decode_nccl_version(state.headers_code) if state.headers_code else None,
+        "transport": transport,
+        "transports_by_host": transports_by_host,
+        "networks_by_host": dict(state.networks),
+        "ib_devices": state.ib_devices,
+        "ib_missing_hosts": sorted(state.ib_missing),
+        "ib_hints": _unique(state.ib_hints)[:10],
+        "socket_interfaces": state.sockets,
+        "oob_interfaces": state.oob,
+        "bootstrap_interfaces": state.bootstrap,
+        "net_channels": state.net_channels,
+        "gdrdma_channels": state.gdr_channels,
+        "gdrdma": (state.gdr_channels > 0) if state.net_channels else None,
+        "local_channels": state.local_channels,
+        "nccl_log_lines": state.nccl_lines,
+        "warnings": _unique(state.warnings)[:20],
+        "failures": _unique(state.failures)[:20],
+        "exit_codes": state.exit_codes,
+    }
+    summary.update(_busbw_stats(state.rows))
+    return summary
+
+
+# ------------------------------------------------------------------------------------------ verdict
+
+
+def _hosts_text(hosts: Sequence[str]) -> str:
+    return ", ".join(hosts) if len(hosts) <= 4 else f"{', '.join(hosts[:4])} and {len(hosts) - 4} more"
+
+
+def _socket_detail(summary: dict[str, Any]) -> str:
+    interfaces = _unique(
+        entry.split(":", 1)[0]
+        for host, entries in summary["socket_interfaces"].items()
+        if summary["transports_by_host"].get(host, "Socket") == "Socket"
+        for entry in entries
+    )
+    return ", ".join(interfaces) or "interface not logged"
+
+
+def _transport_problem(summary: dict[str, Any], required: str) -> str | None:
+    transport = summary["transport"]
+    accepted = {"IB": {"IB"}, "RoCE": {"RoCE"}, "RDMA": {"IB", "RoCE", "IB+RoCE"}}[required]
+    if transport in accepted:
+        return None
+    if transport is None:
+        return (
+            f"NCCL's transport is unknown, {required} is required: the output has no 'Using network' or "
+            "'via NET/...' lines (did NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET reach the ranks?)"
+        )
+    by_host = summary["transports_by_host"]
+    off = [host for host, kind in by_host.items() if kind not in accepted]
+    if transport == "Socket" or any(by_host[host] == "Socket" for host in off):
+        interfaces = _socket_detail(summary)
+        reasons = []
+        if summary["ib_missing_hosts"]:
+            reasons.append(f"'NET/IB : No device found' on {_hosts_text(summary['ib_missing_hosts'])}")
+        reasons += summary["ib_hints"][:2]
+        why = "; ".join(reasons) or "NCCL did not load its IB transport"
+        return (
+            f"NCCL used Socket ({interfaces}), not {required}: it fell back to TCP sockets on {_hosts_text(off)} "
+            f"({why}). Check that the HCAs are visible on every node (ibv_devinfo; rdma-core/libibverbs "
+            "installed), that NCCL_IB_HCA names them and that NCCL_IB_DISABLE/NCCL_NET do not switch IB off"
+        )
+    return f"NCCL used {transport}, not {required} (per host: {', '.join(f'{h} {k}' for h, k in by_host.items())})"
+
+
+def _version_problems(summary: dict[str, Any], expected: str, source: str) -> list[str]:
+    want = upstream_version(expected)
+    problems = []
+    by_version: dict[str, list[str]] = {}
+    for host, versions in summary["nccl_versions"].items():
+        for version in versions:
+            by_version.setdefault(version, []).append(host)
+    for version, hosts in sorted(by_version.items()):
+        if version != want:
+            where = "ranks" if hosts == ["?"] else f"ranks on {_hosts_text(hosts)}"
+            problems.append(f"{where} report NCCL {version}, the pinned {source} is {want}")
+    library = summary["nccl_library_version"]
+    if library and library != want and library not in by_version:
+        problems.append(f"nccl-tests reports NCCL library {library}, the pinned {source} is {want}")
+    if not by_version and not library:
+        problems.append(f"no rank logged its NCCL version (expected {want}): is NCCL_DEBUG=INFO set?")
+    return problems
+
+
+def first_error(summary: dict[str, Any]) -> str:
+    """The line that says most about why a run stopped: the test's own NCCL/CUDA failure, else NCCL's first
+    warning, else the launcher's first error line."""
+    failures = summary["failures"]
+    for line in failures:
+        if re.search(r"Test (?:NCCL|CUDA) failure|Invalid number of GPUs|^# error:|Traceback|Error\b", line):
+            return line
+    if summary["warnings"]:
+        return summary["warnings"][0]
+    return failures[0] if failures else "no error line was printed"
+
+
+def judge(
+    summary: dict[str, Any],
+    min_busbw: float = 0.0,
+    require_transport: str = "",
+    expected_nccl_version: str = "",
+    *,
+    rc: int | None = None,
+    expected_ranks: int = 0,
+    require_gdrdma: bool = False,
+    nccl_source: str = "libnccl2",
+    timeout_s: int = 0,
+) -> list[str]:
+    """Every reason the run does not pass, each a sentence with the value seen and the one wanted."""
+    problems = []
+    if rc == TIMEOUT_RC:
+        problems.append(f"the run was stopped after nccl_tests_timeout {timeout_s} s (timeout exit status 124)")
+    elif rc:
+        problems.append(f"the launcher exited with status {rc}")
+    if not summary["complete"]:
+        problems.append(
+            f"the run did not finish: no 'Avg bus bandwidth' line after {len(summary['rows'])} sizes "
+            f"(first error: {first_error(summary)})"
+        )
+    if summary["wrong"] or summary["out_of_bounds"]:
+        sizes = ", ".join(_size_text(size) for size in summary["wrong_sizes"]) or "see the table"
+        problems.append(
+            f"the all-reduce returned wrong data: {summary['wrong']} wrong elements at sizes {sizes} "
+            f"(Out of bounds values: {summary['out_of_bounds']})"
+        )
+    if expected_ranks and summary["rank_count"] is not None and summary["rank_count"] != expected_ranks:
+        problems.append(
+            f"{summary['rank_count']} ranks ran, {expected_ranks} expected (every GPU of every node in kimi_nodes)"
+        )
+    avg = summary["avg_busbw"]
+    if min_busbw and avg is not None and avg < min_busbw:
+        problems.append(f"avg bus bandwidth {avg:g} GB/s is below nccl_tests_min_busbw_gbs {min_busbw:g}")
+    if require_transport:
+        problem = _transport_problem(summary, require_transport)
+        if problem:
+            problems.append(problem)
+    if require_gdrdma and summary["transport"] != "Socket" and not summary["gdrdma"]:
+        problems.append(
+            f"GPUDirect RDMA is not used: {summary['gdrdma_channels']} of {summary['net_channels']} NET channels "
+            "say /GDRDMA (nvidia-peermem or DMA-BUF support, and the PCIe topology decide it)"
+        )
+    if expected_nccl_version:
+        problems += _version_problems(summary, expected_nccl_version, nccl_source)
+    return problems
+
+
+def _size_text(size: int | None) -> str:
+    if size is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def report_lines(summary: dict[str, Any], problems: Sequence[str], min_busbw: float = 0.0) -> list[str]:
+    """A few lines a person reads: who ran, which NCCL and transport, the bandwidth, the verdict."""
+    hosts = summary["hosts"]
+    program = summary["program"] or "all_reduce_perf"
+    version = f" (nccl-tests {summary['nccl_tests_version']})" if summary["nccl_tests_version"] else ""
+    lines = [
+        f"{program}{version}: {summary['rank_count'] or '?'} ranks on {len(hosts)} hosts ({_hosts_text(hosts)})"
+        + (f", {', '.join(summary['gpu_models'])}" if summary["gpu_models"] else "")
+    ]
+    versions = sorted({version for found in summary["nccl_versions"].values() for version in found})
+    transport = summary["transport"] or "unknown"
+    if summary["net_channels"]:
+        transport += f", GPUDirect RDMA on {summary['gdrdma_channels']} of {summary['net_channels']} NET channels"
+    if transport.startswith("Socket"):
+        transport += f" over {_socket_detail(summary)}"
+    lines.append(f"NCCL {', '.join(versions) or 'version not logged'}; transport {transport}")
+    if summary["max_busbw"] is not None:
+        avg = f"{summary['avg_busbw']:g} GB/s" if summary["avg_busbw"] is not None else "- (the run did not finish)"
+        lines.append(
+            f"bus bandwidth: avg {avg} over {len(summary['rows'])} sizes; max {summary['max_busbw']:g} GB/s at "
+            f"{_size_text(summary['max_busbw_size'])} ({summary['max_busbw_side'].replace('_', '-')})"
+        )
+    lines.append(f"#wrong {summary['wrong']}, out of bounds {summary['out_of_bounds']}")
+    gate = f"min avg busbw {min_busbw:g} GB/s" if min_busbw else "no busbw floor (report only)"
+    if problems:
+        lines.append(f"FAILED ({gate}):")
+        lines += [f"- {problem}" for problem in problems]
+    else:
+        lines.append(f"passed ({gate})")
+    return lines

@@ -1,0 +1,490 @@
+"""How each node starts vLLM: the `vllm serve` argv per layout and node rank, the unit it runs in, checks that
+name the variable at fault, and the parsers for what vLLM and Ray print at start-up.
+
+Pure logic, no Ansible: plugins/modules/kimi_serve_args.py and plugins/modules/kimi_serve_check.py wrap it, tests call it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LAYOUTS = ("mp", "ray", "dp_ep", "single")
+API_UNIT = "kimi-vllm.service"
+HEADLESS_UNIT = "kimi-vllm-headless.service"
+# What a unit's name must match for preflight to count its ports as ours.
+UNIT_NAME_PATTERN = re.compile(r"^kimi-[a-z0-9-]+\.service$")
+
+
+class ServeInputError(ValueError):
+    """An input that cannot be served, with the inventory variable to fix."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """Everything the argv depends on, as the roles' variables give it (names in the comments)."""
+
+    layout: str  # vllm_serve_layout
+    model_path: str  # vllm_serve_model_path (kimi_checkpoint_dir)
+    hosts_by_rank: Sequence[str]  # kimi role: hosts ordered by kimi_node_rank_resolved
+    host_ips: dict[str, str]  # per host: kimi_host_ip or the IPv4 of kimi_network_interface
+    gpus_per_node: int  # kimi_gpus_per_node
+    tensor_parallel_size: int  # kimi_tensor_parallel_size
+    pipeline_parallel_size: int = 1  # kimi_pipeline_parallel_size
+    data_parallel_size: int = 1  # kimi_data_parallel_size
+    decode_context_parallel_size: int = 1  # kimi_decode_context_parallel_size
+    enable_expert_parallel: bool = False  # kimi_enable_expert_parallel
+    master_port: int = 29501  # kimi_master_port
+    data_parallel_rpc_port: int = 13345  # vllm_serve_data_parallel_rpc_port
+    api_host: str = "0.0.0.0"  # vllm_serve_api_host: every interface
+    api_port: int = 8000  # kimi_api_port
+    served_model_name: str = "kimi-k2"  # vllm_serve_served_model_name
+    trust_remote_code: bool = True
+    tool_call_parser: str = "kimi_k2"
+    reasoning_parser: str = "kimi_k2"
+    enable_auto_tool_choice: bool = True
+    mm_encoder_tp_mode: str = ""  # "" leaves vLLM's default
+    language_model_only: bool = False
+    max_model_len: int = 0  # 0 leaves vLLM's default (the model's)
+    kv_cache_dtype: str = "auto"  # bf16 means auto for these checkpoints
+    gpu_memory_utilization: float = 0.0  # 0 leaves vLLM's default
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.hosts_by_rank)
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What one node runs: its unit, whether it serves the API, and the argv after the vllm binary."""
+
+    host: str
+    rank: int
+    unit: str | None  # None: this node runs no vLLM process in this layout (a Ray worker)
+    serves_api: bool
+    argv: list[str]
+    # "ADDRESS:PORT" a headless rank stays connected to while its group lives (layout mp: rank 0's
+    # --master-addr/--master-port); "" where that was not measured (dp_ep, ray) or for rank 0.
+    rendezvous: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "rank": self.rank,
+            "unit": self.unit,
+            "serves_api": self.serves_api,
+            "headless": self.unit == HEADLESS_UNIT,
+            "argv": self.argv,
+            "rendezvous": self.rendezvous,
+        }
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def _layout_problems(spec: ServeSpec) -> list[ServeInputError]:
+    tp, pp, dp, dcp = (
+        spec.tensor_parallel_size,
+        spec.pipeline_parallel_size,
+        spec.data_parallel_size,
+        spec.decode_context_parallel_size,
+    )
+    nodes, per_node = spec.nodes, spec.gpus_per_node
+    problems = []
+    if spec.layout not in LAYOUTS:
+        return [ServeInputError("vllm_serve_layout", f"{spec.layout!r} is not one of {', '.join(LAYOUTS)}")]
+    if min(tp, pp, dp, dcp, per_node) < 1:
+        problems.append(ServeInputError("kimi_*_parallel_size", "parallel sizes and GPUs per node must be >= 1"))
+        return problems
+    if tp % dcp:
+        problems.append(
+            ServeInputError("kimi_decode_context_parallel_size", f"{dcp} does not divide tensor parallel {tp}")
+        )
+    if tp * pp * dp != nodes * per_node:
+        problems.append(
+            ServeInputError(
+                "kimi_tensor_parallel_size",
+                f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} GPUs, but {nodes} node(s) x {per_node} "
+                f"(kimi_gpus_per_node) = {nodes * per_node}",
+            )
+        )
+    problems += _layout_shape_problems(spec)
+    return problems
+
+
+def _layout_shape_problems(spec: ServeSpec) -> list[ServeInputError]:
+    tp, pp, dp, per_node, nodes = (
+        spec.tensor_parallel_size,
+        spec.pipeline_parallel_size,
+        spec.data_parallel_size,
+        spec.gpus_per_node,
+        spec.nodes,
+    )
+    layout = spec.layout
+    if layout == "single" and nodes != 1:
+        return [ServeInputError("vllm_serve_layout", f"single runs on one node; kimi_nodes has {nodes}")]
+    if layout in ("mp", "ray", "single") and dp != 1:
+        return [ServeInputError("kimi_data_parallel_size", f"must be 1 for layout {layout} (use dp_ep for DP)")]
+    if layout == "mp" and (tp * pp) % nodes:
+        return [
+            ServeInputError("kimi_tensor_parallel_size", f"tp x pp = {tp * pp} is not split evenly over {nodes} nodes")
+        ]
+    if layout == "dp_ep":
+        if tp * pp > per_node or per_node % (tp * pp):
+            return [
+                ServeInputError(
+                    "kimi_tensor_parallel_size",
+                    f"dp_ep keeps each DP rank inside a node: tp x pp = {tp * pp} must divide kimi_gpus_per_node "
+                    f"{per_node}",
+                )
+            ]
+        if dp < 2:
+            return [ServeInputError("kimi_data_parallel_size", "dp_ep needs a data parallel size of at least 2")]
+    return []
+
+
+def _address_problems(spec: ServeSpec) -> list[ServeInputError]:
+    problems = []
+    if not spec.hosts_by_rank:
+        problems.append(ServeInputError("kimi_nodes", "the group has no hosts"))
+    for host in spec.hosts_by_rank:
+        if not spec.host_ips.get(host):
+            problems.append(
+                ServeInputError(
+                    "kimi_host_ip",
+                    f"{host} has no address to announce (set kimi_host_ip, or give kimi_network_interface an IPv4)",
+                )
+            )
+    if not spec.model_path:
+        problems.append(ServeInputError("vllm_serve_model_path", "empty"))
+    return problems
+
+
+def validate(spec: ServeSpec) -> list[ServeInputError]:
+    """Every reason the spec cannot be served; each names the variable to change."""
+    return _address_problems(spec) + _layout_problems(spec)
+
+
+# ------------------------------------------------------------------------------------------ argv
+
+
+def data_parallel_start_ranks(spec: ServeSpec) -> dict[str, int]:
+    """First DP rank on each node: nodes in rank order, each holding gpus_per_node / (tp x pp) DP ranks."""
+    local = data_parallel_size_local(spec)
+    return {host: index * local for index, host in enumerate(spec.hosts_by_rank)}
+
+
+def data_parallel_size_local(spec: ServeSpec) -> int:
+    return spec.gpus_per_node // (spec.tensor_parallel_size * spec.pipeline_parallel_size)
+
+
+def _model_flags(spec: ServeSpec) -> list[str]:
+    argv = ["--served-model-name", spec.served_model_name]
+    if spec.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if spec.tool_call_parser:
+        argv += ["--tool-call-parser", spec.tool_call_parser]
+    if spec.reasoning_parser:
+        argv += ["--reasoning-parser", spec.reasoning_parser]
+    if spec.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    if spec.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
+    if spec.mm_encoder_tp_mode and not spec.language_model_only:
+        argv += ["--mm-encoder-tp-mode", spec.mm_encoder_tp_mode]
+    if spec.language_model_only:
+        argv.append("--language-model-only")
+    return argv
+
+
+def _capacity_flags(spec: ServeSpec) -> list[str]:
+    argv = []
+    if spec.max_model_len:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    if spec.kv_cache_dtype and spec.kv_cache_dtype not in ("auto", "bf16"):
+        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
+    if spec.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
+    if spec.max_num_seqs:
+        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if spec.max_num_batched_tokens:
+        argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    return argv
+
+
+def _parallel_flags(spec: ServeSpec, host: str, rank: int) -> list[str]:
+    tp, pp, dcp = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.decode_context_parallel_size
+    master_ip = spec.host_ips[spec.hosts_by_rank[0]]
+    argv = ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        argv += ["--pipeline-parallel-size", str(pp)]
+    if dcp > 1:
+        argv += ["--decode-context-parallel-size", str(dcp)]
+    if spec.layout == "mp" and spec.nodes > 1:
+        argv += ["--distributed-executor-backend", "mp", "--nnodes", str(spec.nodes), "--node-rank", str(rank)]
+        argv += ["--master-addr", master_ip, "--master-port", str(spec.master_port)]
+    elif spec.layout == "ray":
+        argv += ["--distributed-executor-backend", "ray"]
+    elif spec.layout == "dp_ep":
+        argv += ["--data-parallel-size", str(spec.data_parallel_size)]
+        argv += ["--data-parallel-size-local", str(data_parallel_size_local(spec))]
+        argv += ["--data-parallel-address", master_ip, "--data-parallel-rpc-port", str(spec.data_parallel_rpc_port)]
+        if rank > 0:
+            argv += ["--data-parallel-start-rank", str(data_parallel_start_ranks(spec)[host])]
+    return argv
+
+
+def node_command(spec: ServeSpec, host: str) -> NodeCommand:
+    """The unit and argv of one host (validate() first: this assumes a servable spec)."""
+    rank = list(spec.hosts_by_rank).index(host)
+    if spec.layout == "ray" and rank > 0:
+        # Ray places the workers; only the head runs `vllm serve`.
+        return NodeCommand(host, rank, None, False, [])
+    headless = rank > 0
+    argv = ["serve", spec.model_path]
+    argv += _model_flags(spec)
+    argv += _parallel_flags(spec, host, rank)
+    argv += _capacity_flags(spec)
+    if headless:
+        argv.append("--headless")
+        if spec.layout == "dp_ep":
+            # The vLLM Kimi K2 recipe gives the headless node the API port too (ignored there); kept for a
+            # like-for-like command.
+            argv += ["--port", str(spec.api_port)]
+    else:
+        argv += ["--host", spec.api_host, "--port", str(spec.api_port)]
+    argv += list(spec.extra_args)
+    rendezvous = ""
+    if headless and spec.layout == "mp":
+        rendezvous = f"{spec.host_ips[spec.hosts_by_rank[0]]}:{spec.master_port}"
+    return NodeCommand(host, rank, HEADLESS_UNIT if headless else API_UNIT, not headless, argv, rendezvous)
+
+
+def plan_nodes(spec: ServeSpec) -> dict[str, dict[str, Any]]:
+    """Per host: unit, rank, argv. Raises the first ServeInputError when the spec cannot be served."""
+    problems = validate(spec)
+    if problems:
+        raise problems[0]
+    return {host: node_command(spec, host).as_dict() for host in spec.hosts_by_rank}
+
+
+# ------------------------------------------------------------------------------------------ systemd
+
+
+_SYSTEMD_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_quote(word: str) -> str:
+    """One argv word as ExecStart= reads it back: % and $ doubled (specifier and variable expansion off), and
+    double quotes with backslash escapes when the word has anything but plain characters."""
+    escaped = word.replace("%", "%%").replace("$", "$$")
+    if escaped and _SYSTEMD_PLAIN.match(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def exec_start(binary: str, argv: Sequence[str], width: int = 100) -> str:
+    """The ExecStart= value, folded onto continuation lines (a flag and its value stay together)."""
+    words = [systemd_quote(binary)] + [systemd_quote(word) for word in argv]
+    lines, current = [], ""
+    for index, word in enumerate(words):
+        joins_value = index > 0 and not word.startswith("-") and words[index - 1].startswith("-")
+        piece = word if not current else f"{current} {word}"
+        if current and len(piece) > width and not joins_value:
+            lines.append(current)
+            current = "    " + word
+        else:
+            current = piece
+    lines.append(current)
+    return " \\\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ start-up logs
+
+_NUMBER = r"([0-9][0-9,]*)"
+KV_TOKENS_LINE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + _NUMBER + r" tokens")
+CONCURRENCY_LINE = re.compile(r"Maximum concurrency for " + _NUMBER + r" tokens per request: ([0-9.]+)x")
+AVAILABLE_KV_LINE = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+DCP_LINE = re.compile(r"Multiplying the GPU KV cache size by the dcp_world_size (\d+)")
+
+
+def _as_int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def parse_startup_log(text: str) -> dict[str, Any]:
+    """The KV-cache numbers vLLM logs while it starts. When a line repeats (one per engine or worker), the
+    smallest token count is the one the scheduler uses; each value found is listed too."""
+    tokens = [(m.group(1), _as_int(m.group(2))) for m in KV_TOKENS_LINE.finditer(text)]
+    concurrency = [(_as_int(m.group(1)), float(m.group(2))) for m in CONCURRENCY_LINE.finditer(text)]
+    available = [float(m.group(1)) for m in AVAILABLE_KV_LINE.finditer(text)]
+    dcp = [int(m.group(1)) for m in DCP_LINE.finditer(text)]
+    return {
+        "found": bool(tokens),
+        "device": tokens[0][0] if tokens else None,
+        "kv_tokens": min(count for _, count in tokens) if tokens else None,
+        "kv_tokens_all": [count for _, count in tokens],
+        "max_concurrency": min(concurrency, key=lambda item: item[1])[1] if concurrency else None,
+        "concurrency_tokens_per_request": concurrency[0][0] if concurrency else None,
+        "available_kv_gib": min(available) if available else None,
+        "dcp_world_size": dcp[0] if dcp else None,
+    }
+
+
+def compare_kv(logged: dict[str, Any], predicted_tokens: int | None) -> dict[str, Any]:
+    """vLLM's logged KV tokens next to the planner's prediction, with the difference."""
+    tokens = logged.get("kv_tokens")
+    report = {"logged_kv_tokens": tokens, "predicted_kv_tokens": predicted_tokens}
+    if tokens is None or predicted_tokens is None:
+        report.update(match=None, difference=None, summary="KV tokens: not logged or not predicted")
+        return report
+    difference = tokens - predicted_tokens
+    report.update(
+        match=difference == 0,
+        difference=difference,
+        summary=(
+            f"KV tokens: vLLM logged {tokens:,}, the planner predicted {predicted_tokens:,}"
+            + (" (equal)" if difference == 0 else f" (difference {difference:+,})")
+        ),
+    )
+    return report
+
+
+# ------------------------------------------------------------------------------------------ ray status
+
+_RAY_SECTION = re.compile(
+    r"^(Active|Pending|Recent failures|Usage|Demands|Pending Demands|From request_resources):\s*$"
+)
+# Top-level headings of `ray status` (no colon); they end the section above them.
+_RAY_HEADINGS = ("Node status", "Resources", "Constraints")
+_RAY_RESOURCE = re.compile(r"^\s*([0-9.]+)/([0-9.]+)\s+(\w+)")
+
+
+def parse_ray_status(text: str) -> dict[str, Any]:
+    """Nodes and resources from `ray status`: active node count, and totals per resource (GPU, CPU)."""
+    section = None
+    active = 0
+    totals: dict[str, float] = {}
+    failures: list[str] = []
+    for line in text.splitlines():
+        # Ray 2.4x and later head the totals "Total Usage:" (older: "Usage:").
+        header = _RAY_SECTION.match(line.strip().removeprefix("Total "))
+        if header:
+            section = header.group(1)
+            continue
+        stripped = line.strip()
+        if stripped in _RAY_HEADINGS:
+            section = None
+            continue
+        if not stripped or stripped.startswith(("(", "-", "=")):
+            continue
+        if section == "Active":
+            count = stripped.split(maxsplit=1)[0]
+            active += int(count) if count.isdigit() else 0
+        elif section == "Recent failures":
+            failures.append(stripped)
+        elif section == "Usage":
+            resource = _RAY_RESOURCE.match(stripped)
+            if resource:
+                totals[resource.group(3)] = float(resource.group(2))
+    return {"active_nodes": active, "resources": totals, "failures": failures}
+
+
+def ray_status_problems(status: dict[str, Any], nodes: int, gpus_per_node: int) -> list[str]:
+    problems = []
+    if status["active_nodes"] != nodes:
+        problems.append(f"ray status shows {status['active_nodes']} active node(s), expected {nodes}")
+    gpus = status["resources"].get("GPU", 0.0)
+    if gpus != nodes * gpus_per_node:
+        problems.append(
+            f"ray status shows {gpus:g} GPU(s), expected {nodes} x {gpus_per_node} = {nodes * gpus_per_node}"
+        )
+    problems += [f"ray reports a failure: {line}" for line in status["failures"]]
+    return problems
+
+
+def _start_time(node: dict[str, Any]) -> float | None:
+    """The unit's main process start as seconds since the epoch (systemctl show --timestamp=unix: '@N')."""
+    stamp = str(node.get("started_at") or "").strip().lstrip("@")
+    try:
+        return float(stamp) if stamp and float(stamp) > 0 else None
+    except ValueError:
+        return None
+
+
+def _peer(address: str) -> tuple[str, str]:
+    """'[::ffff:198.18.0.11]:29501' or '198.18.0.11:29501' -> ('198.18.0.11', '29501')."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host.startswith("::ffff:"):
+        host = host[len("::ffff:") :]
+    return host, port
+
+
+def rendezvous_states(ss_text: str, rendezvous: str) -> list[str]:
+    """The TCP states of this node's sockets whose peer is `rendezvous` ("ADDRESS:PORT"), from `ss -Htan`.
+
+    A headless rank keeps a connection to rank 0's master port for as long as its group lives. When rank 0's
+    process goes away, that socket stays in CLOSE-WAIT: the rank holds on to a group that no longer exists.
+    """
+    wanted = _peer(rendezvous)
+    states = []
+    for line in ss_text.splitlines():
+        fields = line.split()
+        if len(fields) >= 5 and _peer(fields[4]) == wanted:
+            states.append(fields[0])
+    return states
+
+
+def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None) -> list[str]:
+    """Why the whole vLLM group must be restarted now; empty when it may keep running.
+
+    `nodes`: one dict per node with host, unit, serves_api, changed, active_state, started_at and, for a
+    headless rank, rendezvous ("ADDRESS:PORT" of rank 0's master port) and rendezvous_states (the TCP states
+    of its sockets to it; see rendezvous_states). Ranks only form a group when they start together, so more
+    than "is every unit active" is judged:
+    - a headless rank whose process started after rank 0's was restarted alone (systemd's Restart=, a reboot):
+      it waits for a group that no longer exists while rank 0 keeps answering /health;
+    - a headless rank whose connection to rank 0 was closed from rank 0's side, and that has no other: rank 0
+      was restarted alone and waits at the rendezvous for ranks that joined the previous one (it never
+      listens, so the probe below only sees "connection refused").
+    `probe_ok` is the one-token request to rank 0 (None: not probed, or refused while loading).
+    """
+    reasons = [f"{n['host']}: files of {n['unit']} changed" for n in nodes if n.get("changed")]
+    reasons += [
+        f"{n['host']}: {n['unit']} is {n.get('active_state') or 'unknown'}"
+        for n in nodes
+        if n.get("unit") and n.get("active_state") != "active"
+    ]
+    api = next((n for n in nodes if n.get("serves_api")), None)
+    api_start = _start_time(api) if api else None
+    headless = [n for n in nodes if n.get("unit") and not n.get("serves_api")]
+    if api_start is not None:
+        reasons += [
+            f"{n['host']}: {n['unit']} started after rank 0 ({_start_time(n) - api_start:.0f} s later): "
+            "it was restarted alone and cannot rejoin the running group"
+            for n in headless
+            if (_start_time(n) or 0) > api_start
+        ]
+    reasons += [
+        f"{n['host']}: {n['unit']}'s connection to rank 0 ({n['rendezvous']}) was closed by rank 0: rank 0 was "
+        "restarted alone and waits for ranks that joined the previous one"
+        for n in headless
+        if n.get("active_state") == "active" and _lost_rank_0(n.get("rendezvous_states") or [])
+    ]
+    if probe_ok is False and api is not None:
+        reasons.append(f"{api['host']}: a one-token request to rank 0 failed (the group is not serving)")
+    return reasons
+
+
+def _lost_rank_0(states: Sequence[str]) -> bool:
+    return "CLOSE-WAIT" in states and "ESTAB" not in states

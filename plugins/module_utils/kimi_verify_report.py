@@ -1,0 +1,336 @@
+"""The verify phase's report: one JSON document (checks, load test summary and per-request records, thresholds
+and breaches, inputs, cluster facts, timestamps), a Markdown summary, a fixed-width table for the end of the
+play, and the latency chart as PNG.
+
+Files: <basename>.json, .md and .png in the report directory, each written atomically (a temporary file in
+the same directory, then rename), then byte-for-byte copies under <latest>.json/.md/.png (default
+verify-latest), also written atomically. Copies rather than symlinks: the artifacts directory is often
+archived or uploaded by CI, where symlinks are dropped or dangle, and a reader of verify-latest.md follows
+its chart link to the dated PNG, which stays next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .kimi_png import latency_chart
+
+REPORT_KIND = "kimi-verify"
+REPORT_VERSION = 1
+LATEST_BASENAME = "verify-latest"
+TABLE_WIDTH = 110
+METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms/token)"), ("e2e_ms", "E2E (ms)"))
+
+
+def utc_timestamp(now: datetime) -> str:
+    """2025-01-31T12:00:00Z"""
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_basename(now: datetime) -> str:
+    """verify-20250131T120000Z: sorts by time, no characters a shell or a URL needs quoted."""
+    return "verify-" + now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+# ------------------------------------------------------------------------------------------ the document
+
+
+def check_status(check: Mapping[str, Any]) -> str:
+    """pass / fail / skip, from status when given, else from passed and skipped."""
+    status = check.get("status")
+    if status in ("pass", "fail", "skip"):
+        return str(status)
+    if check.get("skipped"):
+        return "skip"
+    return "pass" if check.get("passed") else "fail"
+
+
+def normalise_check(check: Mapping[str, Any]) -> dict[str, Any]:
+    status = check_status(check)
+    return {
+        "name": str(check.get("name") or "unnamed"),
+        "status": status,
+        "passed": status == "pass",
+        "skipped": status == "skip",
+        "detail": str(check.get("detail") or ""),
+        "data": dict(check.get("data") or {}),
+    }
+
+
+def build_report(
+    checks: Sequence[Mapping[str, Any]],
+    loadtest: Mapping[str, Any] | None,
+    *,
+    thresholds: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    facts: Mapping[str, Any] | None = None,
+    generated_at: str,
+    started_at: str | None = None,
+) -> dict[str, Any]:
+    """The whole report. loadtest: {summary, records, breaches} as plugins/modules/kimi_loadtest.py returns them, or
+    None when no load test ran. ok: no check failed and no threshold was breached."""
+    normalised = [normalise_check(check) for check in checks]
+    counts = {status: sum(1 for c in normalised if c["status"] == status) for status in ("pass", "fail", "skip")}
+    load = None
+    if loadtest:
+        load = {
+            "summary": dict(loadtest.get("summary") or {}),
+            "records": [dict(record) for record in loadtest.get("records") or []],
+            "breaches": [dict(breach) for breach in loadtest.get("breaches") or []],
+            "thresholds": dict(thresholds or {}),
+        }
+    breaches = load["breaches"] if load else []
+    return {
+        "kind": REPORT_KIND,
+        "version": REPORT_VERSION,
+        "generated_at": generated_at,
+        "started_at": started_at,
+        "ok": counts["fail"] == 0 and not breaches,
+        "checks_summary": {"passed": counts["pass"], "failed": counts["fail"], "skipped": counts["skip"]},
+        "checks": normalised,
+        "loadtest": load,
+        "inputs": dict(inputs or {}),
+        "facts": dict(facts or {}),
+    }
+
+
+def verdict(report: Mapping[str, Any]) -> str:
+    """PASS, or FAIL with what failed: "FAIL (1 check failed, 2 thresholds breached)"."""
+    if report["ok"]:
+        return "PASS"
+    failed = report["checks_summary"]["failed"]
+    breaches = len(report["loadtest"]["breaches"]) if report["loadtest"] else 0
+    parts = []
+    if failed:
+        parts.append(f"{failed} check{'s' if failed != 1 else ''} failed")
+    if breaches:
+        parts.append(f"{breaches} threshold{'s' if breaches != 1 else ''} breached")
+    return f"FAIL ({', '.join(parts)})"
+
+
+def report_json(report: Mapping[str, Any]) -> str:
+    return json.dumps(report, indent=2, sort_keys=True) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ Markdown
+
+
+def _cell(value: Any) -> str:
+    text = " ".join(str(value).split())
+    return text.replace("|", "\\|") or " "
+
+
+def _figure(value: Any) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _markdown_checks(report: Mapping[str, Any]) -> list[str]:
+    lines = ["## Checks", "", "| check | result | detail |", "|---|---|---|"]
+    lines += [f"| {_cell(c['name'])} | {c['status']} | {_cell(c['detail'])} |" for c in report["checks"]]
+    if not report["checks"]:
+        lines.append("| (none run) | | |")
+    return lines
+
+
+def _markdown_loadtest(load: Mapping[str, Any], png_name: str | None) -> list[str]:
+    summary = load["summary"]
+    lines = [
+        "## Load test",
+        "",
+        f"{summary.get('requests')} requests at concurrency {summary.get('concurrency')}, "
+        f"max_tokens {summary.get('max_tokens')}: {summary.get('ok')} ok, {summary.get('errors')} failed, "
+        f"{summary.get('not_sent')} not sent (time budget {_figure(summary.get('budget_s'))} s), "
+        f"wall time {_figure(summary.get('wall_s'))} s.",
+        "",
+        "| metric | p50 | p90 | p99 |",
+        "|---|---|---|---|",
+    ]
+    for key, label in METRICS:
+        figures = summary.get(key) or {}
+        lines.append(f"| {label} | " + " | ".join(_figure(figures.get(f"p{p}")) for p in (50, 90, 99)) + " |")
+    lines += [
+        "",
+        f"Throughput: {_figure(summary.get('output_tokens_per_s'))} output tokens/s overall "
+        f"({_figure(summary.get('output_tokens'))} tokens over the wall time), "
+        f"{_figure(summary.get('output_tokens_per_s_per_request'))} tokens/s per request (mean).",
+    ]
+    lines += _markdown_thresholds(load)
+    lines += _markdown_errors(load)
+    if png_name:
+        lines += ["", f"![TTFT and E2E per request]({png_name})"]
+    return lines
+
+
+def is_gate(key: str, value: Any) -> bool:
+    """Latency limits of 0 or None are no gate; max_error_rate 0 is one (no error allowed)."""
+    return value is not None and (key == "max_error_rate" or value != 0)
+
+
+def _markdown_thresholds(load: Mapping[str, Any]) -> list[str]:
+    gates = {key: value for key, value in load["thresholds"].items() if is_gate(key, value)}
+    lines = ["", "### Thresholds", ""]
+    if not gates and not load["breaches"]:
+        return [*lines, "No thresholds set."]
+    breached = {breach["figure"] for breach in load["breaches"]}
+    lines += ["| threshold | limit | result |", "|---|---|---|"]
+    for key, value in sorted(gates.items()):
+        figure = {"ttft_p99_ms": "ttft_ms.p99", "tpot_p99_ms": "tpot_ms.p99", "e2e_p99_ms": "e2e_ms.p99"}.get(
+            key, "error_rate"
+        )
+        lines.append(f"| {key} | {_figure(value)} | {'breached' if figure in breached else 'met'} |")
+    lines += ["", *[f"- {_cell(breach['message'])}" for breach in load["breaches"]]] if load["breaches"] else []
+    return lines
+
+
+def _markdown_errors(load: Mapping[str, Any]) -> list[str]:
+    failed = [record for record in load["records"] if not record.get("ok")]
+    if not failed:
+        return ["", "### Errors", "", "None."]
+    examples: dict[str, dict[str, Any]] = {}
+    for record in failed:
+        examples.setdefault(str(record.get("error_kind") or "error"), record)
+    counts = load["summary"].get("errors_by_kind") or {}
+    lines = ["", "### Errors", "", "| kind | count | first (request, error) |", "|---|---|---|"]
+    for kind, record in sorted(examples.items()):
+        count = counts.get(kind, sum(1 for r in failed if (r.get("error_kind") or "error") == kind))
+        lines.append(f"| {_cell(kind)} | {count} | #{record.get('index')}: {_cell(record.get('error') or '')} |")
+    return lines
+
+
+def render_markdown(report: Mapping[str, Any], png_name: str | None = None) -> str:
+    name = report["inputs"].get("served_model_name", "")
+    lines = [
+        f"# Verify report{': ' + name if name else ''}",
+        "",
+        f"Result: **{verdict(report)}**, generated {report['generated_at']}"
+        + (f" (started {report['started_at']})" if report.get("started_at") else "")
+        + ".",
+        "",
+    ]
+    lines += _markdown_checks(report)
+    if report["loadtest"]:
+        lines += ["", *_markdown_loadtest(report["loadtest"], png_name)]
+    else:
+        lines += ["", "## Load test", "", "Not run."]
+    if report["facts"]:
+        lines += ["", "## Cluster", "", "| fact | value |", "|---|---|"]
+        lines += [f"| {_cell(key)} | {_cell(_fact_text(value))} |" for key, value in sorted(report["facts"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def _fact_text(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------------ text table
+
+
+def _clip(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def render_table(report: Mapping[str, Any], width: int = TABLE_WIDTH) -> list[str]:
+    """Fixed-width lines for the end of the play: verdict, a row per check, the latency figures, breaches."""
+    name = report["inputs"].get("served_model_name", "")
+    lines = [f"verify{' ' + name if name else ''}: {verdict(report)}"]
+    name_width = max([len("check")] + [len(check["name"]) for check in report["checks"]])
+    lines.append(f"{'check':<{name_width}}  result  detail")
+    for check in report["checks"]:
+        detail = _clip(check["detail"], max(20, width - name_width - 10))
+        lines.append(f"{check['name']:<{name_width}}  {check['status']:<6}  {detail}")
+    load = report["loadtest"]
+    if not load:
+        return [*lines, "load test: not run"]
+    summary = load["summary"]
+    lines.append(
+        f"load test: {summary.get('requests')} requests at concurrency {summary.get('concurrency')}, max_tokens "
+        f"{summary.get('max_tokens')}: {summary.get('ok')} ok, {summary.get('errors')} failed, "
+        f"{summary.get('not_sent')} not sent, {_figure(summary.get('wall_s'))} s"
+    )
+    lines.append(f"{'metric':<16}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for key, label in METRICS:
+        figures = summary.get(key) or {}
+        lines.append(f"{label:<16}" + "".join(f"{_figure(figures.get(f'p{p}')):>10}" for p in (50, 90, 99)))
+    lines.append(
+        f"output tokens/s: {_figure(summary.get('output_tokens_per_s'))} overall, "
+        f"{_figure(summary.get('output_tokens_per_s_per_request'))} per request (mean)"
+    )
+    if summary.get("errors_by_kind"):
+        lines.append("errors: " + ", ".join(f"{kind} x{count}" for kind, count in summary["errors_by_kind"].items()))
+    lines += [_clip(f"breach: {breach['message']}", width) for breach in load["breaches"]]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, flush it to disk, then rename over path: a reader
+    sees the old file or the new one, never half of one."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        Path(temporary).chmod(0o644)
+        Path(temporary).replace(path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def report_contents(report: Mapping[str, Any], basename: str, png: bool = True) -> dict[str, bytes]:
+    """File suffix to content. The chart is drawn only when a load test ran."""
+    load = report["loadtest"]
+    draw = png and bool(load)
+    png_name = f"{basename}.png" if draw else None
+    document = {**report, "files": {"json": f"{basename}.json", "markdown": f"{basename}.md", "png": png_name}}
+    contents = {
+        ".json": report_json(document).encode(),
+        ".md": render_markdown(report, png_name).encode(),
+    }
+    if draw:
+        title = "VERIFY LOAD TEST " + str(report["inputs"].get("served_model_name", "")).upper()
+        contents[".png"] = latency_chart(load["records"], load["summary"], load["thresholds"], title.strip())
+    return contents
+
+
+def write_report(
+    report: Mapping[str, Any],
+    directory: Path,
+    basename: str,
+    latest_basename: str | None = LATEST_BASENAME,
+    png: bool = True,
+) -> dict[str, str]:
+    """Write the dated files, then the latest copies; returns {json, markdown, png, latest_json, ...} paths."""
+    if not basename or "/" in basename or basename.startswith("."):
+        raise ValueError(f"basename {basename!r} must be a plain file name")
+    if latest_basename == basename:
+        raise ValueError("latest_basename must differ from basename")
+    directory.mkdir(parents=True, exist_ok=True)
+    keys = {".json": "json", ".md": "markdown", ".png": "png"}
+    paths: dict[str, str] = {}
+    contents = report_contents(report, basename, png)
+    for suffix, data in contents.items():
+        path = directory / f"{basename}{suffix}"
+        write_atomic(path, data)
+        paths[keys[suffix]] = str(path)
+    if latest_basename:
+        for suffix, data in contents.items():
+            path = directory / f"{latest_basename}{suffix}"
+            write_atomic(path, data)
+            paths[f"latest_{keys[suffix]}"] = str(path)
+        stale_png = directory / f"{latest_basename}.png"
+        if ".png" not in contents and stale_png.exists():
+            stale_png.unlink()  # an older run's chart must not sit next to a report without a load test
+    return paths

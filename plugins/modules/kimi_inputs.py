@@ -1,0 +1,94 @@
+#!/usr/bin/python
+"""Ansible module: judge the inputs of every phase a run goes through, on the controller, before any node changes."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: kimi_inputs
+short_description: Refuse, before anything is installed, the inputs a later phase of the run could not use
+description:
+  - Judges, for every host, the values the phases in I(phases) read (the kimi role's cluster values plus the
+    phase roles' variables an inventory or -e sets), that is a checkpoint revision that is a 40-hex commit, a
+    repository id of the form org/name that is the model's, exact and consistent pins, distinct ports,
+    absolute paths, a known model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
+  - Each problem names the hosts, the variable, the phase that needs it and how to set it; the same problem on
+    several hosts is one entry. The kimi role calls it once per host (so that any strategy works, C(free)
+    included) and hands the plan to the first host's call only.
+  - Types and choices are the roles' argument specs' job; the kimi role validates what the inventory sets for
+    each phase role against that role's spec before calling this module.
+  - Written by hand because no Ansible or Hub library judges these project-specific relations; version syntax
+    comes from C(packaging), presets from the planner (plugins/module_utils/kimi_plan.py).
+  - Changes nothing; supports check mode.
+options:
+  hosts:
+    description: Host name -> the values its phases read (variable name -> value).
+    type: dict
+    required: true
+  phases:
+    description: The phases that will run, already narrowed by --tags/--skip-tags (plugins/module_utils/kimi_inputs.PHASES).
+    type: list
+    elements: str
+    required: true
+  plan:
+    description: The registered result of the kimi role's kimi_plan task (failed or not); its problems count too.
+    type: dict
+extends_documentation_fragment:
+  - kimi.k2.attributes
+  - kimi.k2.attributes.reads_only
+"""
+
+EXAMPLES = r"""
+- name: Check this host's inputs for the phases this run goes through
+  kimi_inputs:
+    hosts: "{{ {inventory_hostname: {'checkpoint_revision': checkpoint_revision, 'kimi_model': kimi_model}} }}"
+    phases: [checkpoint]
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+problems:
+  description: One entry per problem; C(text) is the line the failure message prints.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - hosts: [gn-h100-node1, gn-h100-node2]
+      variable: checkpoint_revision
+      phase: checkpoint
+      message: is not set
+      fix: pin the 40-hex commit of moonshotai/Kimi-K2.7-Code ...
+      text: "gn-h100-node1, gn-h100-node2: checkpoint_revision is not set (needed by the checkpoint phase); ..."
+phases:
+  description: The phases whose inputs were judged.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+try:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import failure_message, judge
+except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+    from ansible.module_utils.kimi_inputs import failure_message, judge
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "hosts": {"type": "dict", "required": True},
+            "phases": {"type": "list", "elements": "str", "required": True},
+            "plan": {"type": "dict"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    problems = judge(params["hosts"], params["phases"], params["plan"])
+    result = {"changed": False, "problems": problems, "phases": params["phases"]}
+    if problems:
+        module.fail_json(msg=failure_message(problems, params["phases"]), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+#!/usr/bin/python
+"""Ansible module: judge every node's preflight facts and print one table (runs once, on the controller)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kimi_preflight
+short_description: Check every node's facts against what the deployment needs; one table, one verdict
+description:
+  - Runs once on the controller with the facts of all nodes (from M(kimi_node_facts) and M(kimi_gpu_facts)).
+  - Produces a table with a row per node and a column per check (devices, driver, memory, shm, data_disk,
+    interfaces, host_ip, ports, device_processes), writes it as JSON when I(report_path) is set, and fails
+    with every failing cell (host, check, needed and found) unless all pass.
+  - On CPU lab nodes (I(requirements.accelerator=cpu)) the GPU checks are replaced by CPU equivalents.
+options:
+  requirements:
+    description: >-
+      What every node needs. Keys: accelerator (nvidia|cpu), gpus_per_node, gpu_name, gpu_memory_mib,
+      driver_version_prefix, ram_gpu_factor, cpu_ram_per_rank_bytes, shm_min_bytes, data_required_bytes,
+      data_margin_bytes, interfaces (list), own_units (list of unit name patterns whose ports and GPU memory
+      are ours).
+    type: dict
+    required: true
+  hosts:
+    description: Per host, C(host_ip) (the node's VLLM_HOST_IP) and C(ports) (port number to purpose).
+    type: dict
+    required: true
+  node_facts:
+    description: Per host, the result of M(kimi_node_facts).
+    type: dict
+    required: true
+  gpu_facts:
+    description: Per host, the result of M(kimi_gpu_facts) (absent on CPU nodes).
+    type: dict
+    default: {}
+  report_path:
+    description: Where to write the JSON report on the controller (directory must exist).
+    type: path
+author:
+  - Kimi K2 deployment collection
+extends_documentation_fragment:
+  - kimi.k2.attributes
+  - kimi.k2.attributes.writes_reports
+"""
+
+EXAMPLES = r"""
+- name: Judge preflight facts
+  kimi_preflight:
+    requirements: "{{ preflight_requirements }}"
+    hosts: "{{ preflight_host_expectations }}"
+    node_facts: "{{ preflight_node_facts }}"
+    report_path: "{{ playbook_dir }}/../artifacts/preflight.json"
+  run_once: true
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+passed:
+  description: Whether every cell is ok, warn or n/a.
+  returned: always
+  type: bool
+failures:
+  description: >-
+    One sentence per failing cell, C(host: check: detail).
+  returned: always
+  type: list
+notices:
+  description: One sentence per warning cell (a concern that does not stop the play).
+  returned: always
+  type: list
+table:
+  description: Host to check to status and text.
+  returned: always
+  type: dict
+summary_lines:
+  description: The table as aligned text lines.
+  returned: always
+  type: list
+"""
+
+import json
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+
+try:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
+except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+    from ansible.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
+
+
+def expectations_from(hosts: dict) -> dict[str, HostExpectation]:
+    return {
+        host: HostExpectation(
+            host_ip=str(spec.get("host_ip", "")),
+            ports={int(port): str(purpose) for port, purpose in (spec.get("ports") or {}).items()},
+        )
+        for host, spec in hosts.items()
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "requirements": {"type": "dict", "required": True},
+            "hosts": {"type": "dict", "required": True},
+            "node_facts": {"type": "dict", "required": True},
+            "gpu_facts": {"type": "dict", "default": {}},
+            "report_path": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        requirements = Requirements(**params["requirements"])
+    except TypeError as error:
+        module.fail_json(msg=f"requirements: {error}")
+    missing = sorted(set(params["hosts"]) - set(params["node_facts"]))
+    if missing:
+        module.fail_json(msg=f"no node facts for host(s) {', '.join(missing)} (unreachable or failed earlier)")
+    verdict = evaluate(requirements, expectations_from(params["hosts"]), params["node_facts"], params["gpu_facts"])
+    if params["report_path"]:
+        Path(params["report_path"]).write_text(json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+    if not verdict["passed"]:
+        module.fail_json(msg="preflight failed: " + " | ".join(verdict["failures"]), **verdict)
+    module.exit_json(changed=False, **verdict)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+#!/usr/bin/python
+"""Ansible module: resolve node ranks and check the parallel layout against the inventory."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kimi_topology
+short_description: Resolve node ranks from inventory order and check the parallel layout fits the nodes
+description:
+  - Runs on the controller once. Takes the hosts of the C(kimi_nodes) group in inventory order and any
+    C(kimi_node_rank) overrides, and returns the rank of every host (rank 0 serves the API and is the master).
+  - Fails, naming the variable and the host, when ranks are duplicated, out of range or not integers, or when
+    tensor x pipeline x data parallel sizes do not equal nodes x GPUs per node.
+  - Changes nothing; check mode returns the same answer.
+options:
+  hosts:
+    description: Hosts of the serving group, in inventory order.
+    type: list
+    elements: str
+    required: true
+  rank_overrides:
+    description: Host name to C(kimi_node_rank) value, for the hosts that set one.
+    type: dict
+    default: {}
+  gpus_per_node:
+    description: C(kimi_gpus_per_node).
+    type: raw
+    required: true
+  tensor_parallel_size:
+    description: C(kimi_tensor_parallel_size).
+    type: raw
+    required: true
+  pipeline_parallel_size:
+    description: C(kimi_pipeline_parallel_size).
+    type: raw
+    default: 1
+  data_parallel_size:
+    description: C(kimi_data_parallel_size).
+    type: raw
+    default: 1
+  decode_context_parallel_size:
+    description: C(kimi_decode_context_parallel_size); must divide the tensor parallel size.
+    type: raw
+    default: 1
+  enable_expert_parallel:
+    description: C(kimi_enable_expert_parallel).
+    type: bool
+    default: false
+author:
+  - Kimi K2 deployment collection
+extends_documentation_fragment:
+  - kimi.k2.attributes
+  - kimi.k2.attributes.reads_only
+"""
+
+EXAMPLES = r"""
+- name: Resolve node ranks and check the layout
+  kimi_topology:
+    hosts: "{{ groups['kimi_nodes'] }}"
+    rank_overrides: "{{ kimi_rank_overrides }}"
+    gpus_per_node: "{{ kimi_gpus_per_node }}"
+    tensor_parallel_size: "{{ kimi_tensor_parallel_size }}"
+    pipeline_parallel_size: "{{ kimi_pipeline_parallel_size }}"
+  run_once: true
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+node_ranks:
+  description: Rank of every host.
+  returned: success
+  type: dict
+  sample: {"gn-node1": 0, "gn-node2": 1}
+hosts_by_rank:
+  description: Hosts ordered by rank.
+  returned: success
+  type: list
+  sample: ["gn-node1", "gn-node2"]
+master_host:
+  description: The rank-0 host (serves the API, master address of the group).
+  returned: success
+  type: str
+  sample: gn-node1
+world_size:
+  description: GPUs the layout occupies (tp x pp x dp).
+  returned: success
+  type: int
+  sample: 16
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+try:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import TopologyError, resolve_topology
+except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+    from ansible.module_utils.kimi_topology import TopologyError, resolve_topology
+
+LAYOUT_OPTIONS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "decode_context_parallel_size",
+    "enable_expert_parallel",
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "hosts": {"type": "list", "elements": "str", "required": True},
+            "rank_overrides": {"type": "dict", "default": {}},
+            "gpus_per_node": {"type": "raw", "required": True},
+            "tensor_parallel_size": {"type": "raw", "required": True},
+            "pipeline_parallel_size": {"type": "raw", "default": 1},
+            "data_parallel_size": {"type": "raw", "default": 1},
+            "decode_context_parallel_size": {"type": "raw", "default": 1},
+            "enable_expert_parallel": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        topology = resolve_topology(
+            params["hosts"],
+            params["rank_overrides"],
+            params["gpus_per_node"],
+            {name: params[name] for name in LAYOUT_OPTIONS},
+        )
+    except TopologyError as error:
+        module.fail_json(msg=str(error))
+    if topology.problems:
+        module.fail_json(msg="; ".join(topology.problems), **topology.as_dict())
+    module.exit_json(changed=False, **topology.as_dict())
+
+
+if __name__ == "__main__":
+    main()
