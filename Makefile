@@ -37,11 +37,12 @@ $(VENV)/.stamp: requirements-dev.txt
 
 venv: $(VENV)/.stamp ## Create .venv with the pinned toolchain (requirements-dev.txt)
 
-lint: venv ## yamllint, ansible-lint (production profile), ruff
+lint: venv ## yamllint, ansible-lint (production profile), ruff, every module's DOCUMENTATION vs its spec
 	$(BIN)/yamllint -s .
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/ansible-lint --profile production -q
+	$(PY) tests/sanity/module_docs.py
 
 unit: venv ## Unit tests (seconds; no root, no lab)
 	$(BIN)/pytest -q --durations=5 tests/unit

@@ -82,8 +82,13 @@ def run_playbook(
     diff: bool = False,
     envvars: dict[str, str] | None = None,
     timeout: int = 1800,
+    project_dir: Path = REPO_ROOT,
 ) -> PlayResult:
-    """Run one playbook from the repository root with the project's ansible.cfg and collect its events."""
+    """Run one playbook with the project's ansible.cfg and collect its events.
+
+    It runs from the repository root unless `project_dir` says otherwise (a user's own project, whose
+    ansible.cfg `envvars` then names as ANSIBLE_CONFIG).
+    """
     cmdline = []
     if check:
         cmdline.append("--check")
@@ -97,13 +102,13 @@ def run_playbook(
         # ansible-runner sets ANSIBLE_CALLBACK_PLUGINS to its own directory, which hides ansible.cfg's
         # callback_plugins; it appends to a value given here, so the project's callbacks load as they do for
         # ansible-playbook (kimi_phase_failures words the message of a phase stopped by a failed node).
-        "ANSIBLE_CALLBACK_PLUGINS": str(REPO_ROOT / "callback_plugins"),
+        "ANSIBLE_CALLBACK_PLUGINS": str(REPO_ROOT / "plugins" / "callback"),
     }
     env.update(envvars or {})
     with tempfile.TemporaryDirectory(prefix="kimi-runner-") as private_dir:
         runner = ansible_runner.run(
             private_data_dir=private_dir,
-            project_dir=str(REPO_ROOT),
+            project_dir=str(project_dir),
             playbook=str(Path(playbook).resolve()),
             inventory=str(Path(inventory).resolve()),
             extravars=extravars or {},
