@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests import paths
 from tests.unit.ansible_adhoc import run_module
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = paths.REPO_ROOT
 KIMI_PLAN = REPO_ROOT / "bin" / "kimi-plan"
 # The 2-layer miniature the lab's first figures were measured with (465,920 tokens; 931,968 with PP 2), kept as the
 # record of that measurement; the lab now serves 4 layers (preset lab-mini).
@@ -198,7 +198,7 @@ def test_cli_runs_without_ansible_on_the_path():
     assert json.loads(completed.stdout)["kv_tokens"] == 465920
 
 
-# --- library/kimi_plan.py through ansible ---------------------------------------------------------------------------
+# --- plugins/modules/kimi_plan.py through ansible ---------------------------------------------------------------------------
 
 
 def test_module_returns_the_plan(tmp_path):

@@ -7,13 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from labctl import cli, system
 from labctl.system import LabError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests import paths
+
+REPO_ROOT = paths.REPO_ROOT
 
 
 @pytest.mark.parametrize("text", ["1", "2", "8"])

@@ -15,7 +15,7 @@ checked. A reference to a bool option is sound when it is
 * tested with `is defined` / `is undefined` / `is none`;
 * the whole value of a YAML string (`"{{ opt }}"`, optionally `| default(...)`) that is a module argument:
   the module's argument spec converts it (AnsibleModule's bool/int types accept the strings; the custom
-  modules in library/ coerce nested fields the same way, e.g. kimi_serve_args' BOOL_FIELDS). When the
+  modules in plugins/modules/ coerce nested fields the same way, e.g. kimi_serve_args' BOOL_FIELDS). When the
   whole value is a variable definition instead (defaults/vars files, set_fact, `vars:`, role params), the
   defined variable inherits the option's type and its own uses are checked the same way (to a fixed point).
 
@@ -50,7 +50,9 @@ import pytest
 import yaml
 from jinja2 import nodes
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests import paths
+
+REPO_ROOT = paths.REPO_ROOT
 ROLES_DIR = REPO_ROOT / "roles"
 
 CONDITIONAL_KEYS = {"when", "failed_when", "changed_when", "until", "that"}

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "roles").iterdir() if p.is_dir())
+from tests import paths
+
+ROLES = sorted(p for p in (paths.REPO_ROOT / "roles").iterdir() if p.is_dir())
 
 
 def defaults_of(role: Path) -> dict:

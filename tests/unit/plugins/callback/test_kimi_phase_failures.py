@@ -7,7 +7,7 @@ import importlib.util
 from tests.ansible_run import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location(
-    "kimi_phase_failures", REPO_ROOT / "callback_plugins" / "kimi_phase_failures.py"
+    "kimi_phase_failures", REPO_ROOT / "plugins" / "callback" / "kimi_phase_failures.py"
 )
 recorder = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(recorder)

@@ -33,9 +33,10 @@ from module_utils.kimi_drift import (
     service_state,
 )
 from module_utils.kimi_parity import Pins, compare
+from tests import paths
 from tests.unit.ansible_adhoc import run_module
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.REPO_ROOT
 FIXTURES = REPO / "tests" / "fixtures" / "drift"
 FACTS = REPO / "tests" / "fixtures" / "stack" / "facts"
 RECORDED_RUN_ID = "test-run-1"
@@ -692,7 +693,7 @@ def test_the_json_report_is_plain_json():
 
 
 def callback_module():
-    path = REPO / "callback_plugins" / "kimi_drift_changes.py"
+    path = REPO / "plugins" / "callback" / "kimi_drift_changes.py"
     spec = importlib.util.spec_from_file_location("kimi_drift_changes_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

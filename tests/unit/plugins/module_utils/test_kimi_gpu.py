@@ -1,18 +1,18 @@
-"""nvidia-smi parsing (module_utils/kimi_gpu.py) on recorded outputs, and the kimi_gpu_facts module end to end."""
+"""nvidia-smi parsing (plugins/module_utils/kimi_gpu.py) on recorded outputs, and the kimi_gpu_facts module end to end."""
 
 from __future__ import annotations
 
 import shlex
 import stat
-from pathlib import Path
 
 import pytest
 
 from module_utils import kimi_gpu as kg
 from module_utils import kimi_plan as kp
+from tests import paths
 from tests.unit.ansible_adhoc import run_module
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nvidia-smi"
+FIXTURES = paths.FIXTURES / "nvidia-smi"
 
 
 def fixture(case: str, query: str) -> str:

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from ansible.module_utils import kimi_node, kimi_stack
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stack"
+from tests import paths
+
+FIXTURES = paths.FIXTURES / "stack"
 RECORDED_IP = (FIXTURES / "system" / "ip-j-addr.json").read_text()
 # /sys/class/net (operstate, flags) on the machine that recorded ip-j-addr.json: the same four links.
 RECORDED_SYSFS = {

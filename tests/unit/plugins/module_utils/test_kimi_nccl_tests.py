@@ -1,4 +1,4 @@
-"""module_utils/kimi_nccl_tests.py: the launcher command (mpirun, torchrun), the all_reduce_perf and NCCL INFO
+"""plugins/module_utils/kimi_nccl_tests.py: the launcher command (mpirun, torchrun), the all_reduce_perf and NCCL INFO
 parser on recorded outputs (tests/fixtures/nccl_tests/, reconstructed: see its README), the verdict's messages,
 the torch benchmark's output read back by the same parser, and the kimi_nccl_tests module end to end."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 import importlib.util
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from module_utils import kimi_nccl_tests as nt
+from tests import paths
 from tests.unit.ansible_adhoc import run_module
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.REPO_ROOT
 FIXTURES = REPO / "tests" / "fixtures" / "nccl_tests"
 BENCH = REPO / "roles" / "nccl_tests" / "files" / "kimi_allreduce_bench.py"
 SIZES = [1 << k for k in range(20, 33)]  # -b 1M -e 4G -f 2

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
+from tests import paths
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.REPO_ROOT
 FACTS_DIR = REPO / "tests" / "fixtures" / "stack" / "facts"
 PINS = {
     "debs": {"libnccl2": "2.30.7-1+cuda13.3", "libnccl-dev": "2.30.7-1+cuda13.3"},

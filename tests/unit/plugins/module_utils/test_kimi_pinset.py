@@ -29,9 +29,10 @@ from module_utils.kimi_pinset import (
     resolve_pinset,
     suggest_adjustment,
 )
+from tests import paths
 from tests.pip_commands import requirements_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = paths.REPO_ROOT
 RECORDED = REPO / "tests" / "fixtures" / "stack" / "pip"
 SEED_000 = ["vllm==0.23.0", "vllm-flash-attn==2.6.2", "nvidia-nccl-cu13==2.30.4"]
 

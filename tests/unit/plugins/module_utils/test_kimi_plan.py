@@ -1,19 +1,19 @@
-"""The planner's rules, each pinned with hand-checked numbers (module_utils/kimi_plan.py, docs/planner.md)."""
+"""The planner's rules, each pinned with hand-checked numbers (plugins/module_utils/kimi_plan.py, docs/planner.md)."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from module_utils import kimi_plan as kp
+from tests import paths
 
 GIB = 1024**3
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = paths.FIXTURES
 # The miniature model config the lab serves (lab/mirrors/hf/config.json, committed in the repository).
-LAB_MINI_CONFIG = Path(__file__).resolve().parents[2] / "lab" / "mirrors" / "hf" / "config.json"
+LAB_MINI_CONFIG = paths.REPO_ROOT / "lab" / "mirrors" / "hf" / "config.json"
 K27 = kp.MODEL_PRESETS["Kimi-K2.7-Code"]
 K2_INSTRUCT = kp.MODEL_PRESETS["Kimi-K2-Instruct"]
 LAB_MINI = kp.MODEL_PRESETS["lab-mini"]

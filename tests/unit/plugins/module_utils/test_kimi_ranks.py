@@ -3,11 +3,10 @@ built in the format vLLM's workers print (no GPU machine was lent to record them
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from module_utils.kimi_ranks import judge_rank_join, parse_rank_journal
+from tests import paths
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "ranks"
+FIXTURES = paths.FIXTURES / "ranks"
 
 
 def gpu_journal(node_rank: int, nccl: str = "2.28.9", world: int = 16, skip: tuple[int, ...] = ()) -> str:

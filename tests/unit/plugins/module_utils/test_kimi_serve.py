@@ -1,11 +1,10 @@
-"""module_utils/kimi_serve.py: argv per layout and rank, DP start ranks, named refusals, systemd quoting, and
+"""plugins/module_utils/kimi_serve.py: argv per layout and rank, DP start ranks, named refusals, systemd quoting, and
 the start-up log and ray status parsers."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +23,7 @@ from module_utils.kimi_serve import (
     systemd_quote,
     validate,
 )
+from tests import paths
 
 TWO_NODES = ("n1", "n2")
 IPS = {"n1": "10.0.0.1", "n2": "10.0.0.2"}
@@ -281,7 +281,7 @@ def test_a_joined_or_still_joining_headless_rank_is_left_running(states):
 def test_ray_2_60_status_from_the_lab_counts_both_nodes_and_gpus():
     from module_utils.kimi_serve import parse_ray_status, ray_status_problems
 
-    text = (Path(__file__).resolve().parent.parent / "fixtures/serve/ray/status-2.60.0-lab.txt").read_text()
+    text = (paths.FIXTURES / "serve/ray/status-2.60.0-lab.txt").read_text()
     status = parse_ray_status(text)
     assert status["active_nodes"] == 2
     assert status["resources"]["GPU"] == 2.0

@@ -34,8 +34,9 @@ from module_utils.kimi_stack import (
     read_nccl_version_code,
     upstream_version,
 )
+from tests import paths
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "stack"
+FIXTURES = paths.FIXTURES / "stack"
 NCCL_STUB = """
 int ncclGetVersion(int *version) {
     if (!version) return 4;

@@ -19,7 +19,7 @@ from module_utils.kimi_verify_report import (
     write_report,
 )
 from tests.unit.ansible_adhoc import run_module
-from tests.unit.test_kimi_png import decode_png
+from tests.unit.plugins.module_utils.test_kimi_png import decode_png
 
 CHECKS = [
     {"name": "health", "status": "pass", "detail": "HTTP 200 in 3 ms"},
