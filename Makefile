@@ -70,7 +70,21 @@ molecule: lab-build ## Every role's Molecule scenario on lab nodes
 		echo "== molecule test -s $$scenario"; \
 		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario $(BIN)/molecule test -s $$scenario; done
 
-test: host-deps venv lint unit local lab-test molecule ## Everything CI runs
+# The layers `make test` runs, in order; each one's wall time is printed at the end (CI's budget is 55 minutes).
+TEST_LAYERS := lint unit local lab-build lab-test molecule
+
+test: host-deps venv ## Everything CI runs, then each layer's wall time
+	@times=$$(mktemp); status=0; \
+	for layer in $(TEST_LAYERS); do \
+		started=$$(date +%s); \
+		$(MAKE) --no-print-directory $$layer || status=$$?; \
+		echo "$$layer $$(( $$(date +%s) - started ))" >> $$times; \
+		[ $$status -eq 0 ] || { echo "make test: layer $$layer failed (exit $$status)" >&2; break; }; \
+	done; \
+	echo "== make test: wall time per layer"; \
+	awk '{ total += $$2; printf "  %-12s %5d s  (%d min %02d s)\n", $$1, $$2, $$2 / 60, $$2 % 60 } \
+		END { printf "  %-12s %5d s  (%d min %02d s)\n", "total", total, total / 60, total % 60 }' $$times; \
+	rm -f $$times; exit $$status
 
 demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 	$(PY) $(LAB) up $(NODES)

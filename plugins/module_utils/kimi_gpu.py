@@ -1,6 +1,6 @@
 """Parse nvidia-smi's CSV queries into GPU and compute-process facts (stdlib only, no Ansible imports).
 
-The queries (what plugins/modules/kimi_gpu_facts.py runs on each node):
+The queries (what plugins/modules/kimi_gpu_info.py runs on each node):
 
     nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version,pci.bus_id \
         --format=csv,noheader,nounits

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: kimi_preflight
 short_description: Check every node's facts against what the deployment needs; one table, one verdict
 description:
-  - Runs once on the controller with the facts of all nodes (from M(kimi_node_facts) and M(kimi_gpu_facts)).
+  - Runs once on the controller with the facts of all nodes (from M(kimi_node_info) and M(kimi_gpu_info)).
   - Produces a table with a row per node and a column per check (devices, driver, memory, shm, data_disk,
     interfaces, host_ip, ports, device_processes), writes it as JSON when I(report_path) is set, and fails
     with every failing cell (host, check, needed and found) unless all pass.
@@ -27,11 +27,11 @@ options:
     type: dict
     required: true
   node_facts:
-    description: Per host, the result of M(kimi_node_facts).
+    description: Per host, the result of M(kimi_node_info).
     type: dict
     required: true
   gpu_facts:
-    description: Per host, the result of M(kimi_gpu_facts) (absent on CPU nodes).
+    description: Per host, the result of M(kimi_gpu_info) (absent on CPU nodes).
     type: dict
     default: {}
   report_path:

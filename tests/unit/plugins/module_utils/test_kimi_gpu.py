@@ -1,4 +1,4 @@
-"""nvidia-smi parsing (plugins/module_utils/kimi_gpu.py) on recorded outputs, and the kimi_gpu_facts module end to end."""
+"""nvidia-smi parsing (plugins/module_utils/kimi_gpu.py) on recorded outputs, and the kimi_gpu_info module end to end."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def fake_nvidia_smi(tmp_path, case: str, *, gpu_rc: int = 0) -> str:
 
 def test_module_reports_busy_gpus(tmp_path):
     ok, result = run_module(
-        tmp_path, "kimi_gpu_facts", {"nvidia_smi": fake_nvidia_smi(tmp_path, "h100-80gb-hbm3-x8-busy")}
+        tmp_path, "kimi_gpu_info", {"nvidia_smi": fake_nvidia_smi(tmp_path, "h100-80gb-hbm3-x8-busy")}
     )
     assert ok, result
     assert result["nvidia_smi_found"] is True
@@ -154,14 +154,14 @@ def test_module_reports_busy_gpus(tmp_path):
 
 
 def test_module_fails_on_nvidia_smi_error(tmp_path):
-    ok, result = run_module(tmp_path, "kimi_gpu_facts", {"nvidia_smi": fake_nvidia_smi(tmp_path, "h200-x8", gpu_rc=6)})
+    ok, result = run_module(tmp_path, "kimi_gpu_info", {"nvidia_smi": fake_nvidia_smi(tmp_path, "h200-x8", gpu_rc=6)})
     assert not ok
     assert "exit status 6" in result["msg"]
 
 
 def test_module_missing_nvidia_smi(tmp_path):
     missing = str(tmp_path / "no-such-nvidia-smi")
-    ok, result = run_module(tmp_path, "kimi_gpu_facts", {"nvidia_smi": missing})
+    ok, result = run_module(tmp_path, "kimi_gpu_info", {"nvidia_smi": missing})
     assert not ok and "nvidia-smi not found" in result["msg"]
-    ok, result = run_module(tmp_path, "kimi_gpu_facts", {"nvidia_smi": missing, "missing_ok": True})
+    ok, result = run_module(tmp_path, "kimi_gpu_info", {"nvidia_smi": missing, "missing_ok": True})
     assert ok and result["nvidia_smi_found"] is False and result["gpu_count"] == 0

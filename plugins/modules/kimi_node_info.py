@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: kimi_node_facts
+module: kimi_node_info
 short_description: Gather what preflight needs to know about one node, without changing it
 description:
   - Reads RAM, CPU count, the filesystem holding the data directory (free bytes a service user can write),
@@ -44,7 +44,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Gather node facts for preflight
-  kimi_node_facts:
+  kimi_node_info:
     data_path: /data
     checkpoint_dir: /data/models/Kimi-K2.7-Code
     ports: [8000, 29501]

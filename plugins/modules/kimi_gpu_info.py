@@ -5,7 +5,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: kimi_gpu_facts
+module: kimi_gpu_info
 short_description: Read the node's GPUs (model, memory, driver) and the processes holding GPU memory
 description:
   - Runs two read-only nvidia-smi CSV queries on the node, one for the GPUs and one for the compute processes,
@@ -33,7 +33,7 @@ extends_documentation_fragment:
 
 EXAMPLES = r"""
 - name: Read the GPUs
-  kimi_gpu_facts:
+  kimi_gpu_info:
   register: gpu_facts
 
 - name: No other process may hold GPU memory
