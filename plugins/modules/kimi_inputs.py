@@ -25,7 +25,9 @@ options:
     type: dict
     required: true
   phases:
-    description: The phases that will run, already narrowed by --tags/--skip-tags (plugins/module_utils/kimi_inputs.PHASES).
+    description: >-
+      The phases that will run, already narrowed by --tags/--skip-tags (PHASES in
+      plugins/module_utils/kimi_inputs.py).
     type: list
     elements: str
     required: true

@@ -198,7 +198,7 @@ def test_cli_runs_without_ansible_on_the_path():
     assert json.loads(completed.stdout)["kv_tokens"] == 465920
 
 
-# --- plugins/modules/kimi_plan.py through ansible ---------------------------------------------------------------------------
+# --- plugins/modules/kimi_plan.py through ansible ------------------------------------------------------------
 
 
 def test_module_returns_the_plan(tmp_path):

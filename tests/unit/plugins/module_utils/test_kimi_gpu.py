@@ -1,4 +1,4 @@
-"""nvidia-smi parsing (plugins/module_utils/kimi_gpu.py) on recorded outputs, and the kimi_gpu_info module end to end."""
+"""nvidia-smi parsing (plugins/module_utils/kimi_gpu.py) on recorded outputs, and kimi_gpu_info end to end."""
 
 from __future__ import annotations
 

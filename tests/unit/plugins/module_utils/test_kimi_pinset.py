@@ -393,3 +393,17 @@ def test_live_pypi_greennode_set_resolves():
     result = kimi_pinset.resolve_pinset(pins(["vllm==0.23.0", "nvidia-nccl-cu13==2.28.9"]), settings)
     assert result["ok"] is True, describe(result)
     assert result["resolved"]["torch"] == "2.11.0"
+
+
+# --- versions and names as pip reads them (packaging) ---------------------------------------------------------
+
+
+def test_a_release_candidate_comes_before_its_release():
+    assert not kimi_pinset.at_least("0.23.0rc1", "0.23.0")
+    assert kimi_pinset.at_least("0.23.0", "0.23.0") and kimi_pinset.at_least("0.23.1", "0.23.0")
+    assert kimi_pinset.at_least("0.6.0.post1", "0.6") and not kimi_pinset.at_least("0.6.0.dev3", "0.6")
+    assert not kimi_pinset.at_least("not-a-version", "0.6")
+
+
+def test_names_are_normalized_as_pep_503_says():
+    assert kimi_pinset.normalize_name("Flash_Attn") == kimi_pinset.normalize_name("flash.attn") == "flash-attn"
