@@ -1,12 +1,12 @@
 """The verify phase's report: one JSON document (checks, load test summary and per-request records, thresholds
 and breaches, inputs, cluster facts, timestamps), a Markdown summary, a fixed-width table for the end of the
-play, and the latency chart as PNG.
+play, and the latency chart as SVG (plugins/module_utils/kimi_chart.py).
 
-Files: <basename>.json, .md and .png in the report directory, each written atomically (a temporary file in
-the same directory, then rename), then byte-for-byte copies under <latest>.json/.md/.png (default
+Files: <basename>.json, .md and .svg in the report directory, each written atomically (a temporary file in
+the same directory, then rename), then byte-for-byte copies under <latest>.json/.md/.svg (default
 verify-latest), also written atomically. Copies rather than symlinks: the artifacts directory is often
 archived or uploaded by CI, where symlinks are dropped or dangle, and a reader of verify-latest.md follows
-its chart link to the dated PNG, which stays next to it.
+its chart link to the dated SVG, which stays next to it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .kimi_png import latency_chart
+from .kimi_chart import latency_chart
 
 REPORT_KIND = "kimi-verify"
 REPORT_VERSION = 1
@@ -138,7 +138,7 @@ def _markdown_checks(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _markdown_loadtest(load: Mapping[str, Any], png_name: str | None) -> list[str]:
+def _markdown_loadtest(load: Mapping[str, Any], chart_name: str | None) -> list[str]:
     summary = load["summary"]
     lines = [
         "## Load test",
@@ -162,8 +162,8 @@ def _markdown_loadtest(load: Mapping[str, Any], png_name: str | None) -> list[st
     ]
     lines += _markdown_thresholds(load)
     lines += _markdown_errors(load)
-    if png_name:
-        lines += ["", f"![TTFT and E2E per request]({png_name})"]
+    if chart_name:
+        lines += ["", f"![TTFT and E2E per request]({chart_name})"]
     return lines
 
 
@@ -203,7 +203,7 @@ def _markdown_errors(load: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(report: Mapping[str, Any], png_name: str | None = None) -> str:
+def render_markdown(report: Mapping[str, Any], chart_name: str | None = None) -> str:
     name = report["inputs"].get("served_model_name", "")
     lines = [
         f"# Verify report{': ' + name if name else ''}",
@@ -215,7 +215,7 @@ def render_markdown(report: Mapping[str, Any], png_name: str | None = None) -> s
     ]
     lines += _markdown_checks(report)
     if report["loadtest"]:
-        lines += ["", *_markdown_loadtest(report["loadtest"], png_name)]
+        lines += ["", *_markdown_loadtest(report["loadtest"], chart_name)]
     else:
         lines += ["", "## Load test", "", "Not run."]
     if report["facts"]:
@@ -289,19 +289,20 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def report_contents(report: Mapping[str, Any], basename: str, png: bool = True) -> dict[str, bytes]:
+def report_contents(report: Mapping[str, Any], basename: str, chart: bool = True) -> dict[str, bytes]:
     """File suffix to content. The chart is drawn only when a load test ran."""
     load = report["loadtest"]
-    draw = png and bool(load)
-    png_name = f"{basename}.png" if draw else None
-    document = {**report, "files": {"json": f"{basename}.json", "markdown": f"{basename}.md", "png": png_name}}
+    draw = chart and bool(load)
+    chart_name = f"{basename}.svg" if draw else None
+    document = {**report, "files": {"json": f"{basename}.json", "markdown": f"{basename}.md", "chart": chart_name}}
     contents = {
         ".json": report_json(document).encode(),
-        ".md": render_markdown(report, png_name).encode(),
+        ".md": render_markdown(report, chart_name).encode(),
     }
     if draw:
-        title = "VERIFY LOAD TEST " + str(report["inputs"].get("served_model_name", "")).upper()
-        contents[".png"] = latency_chart(load["records"], load["summary"], load["thresholds"], title.strip())
+        name = str(report["inputs"].get("served_model_name", "")).strip()
+        title = f"Verify load test: {name}" if name else "Verify load test"
+        contents[".svg"] = latency_chart(load["records"], load["summary"], load["thresholds"], title)
     return contents
 
 
@@ -310,17 +311,17 @@ def write_report(
     directory: Path,
     basename: str,
     latest_basename: str | None = LATEST_BASENAME,
-    png: bool = True,
+    chart: bool = True,
 ) -> dict[str, str]:
-    """Write the dated files, then the latest copies; returns {json, markdown, png, latest_json, ...} paths."""
+    """Write the dated files, then the latest copies; returns {json, markdown, chart, latest_json, ...} paths."""
     if not basename or "/" in basename or basename.startswith("."):
         raise ValueError(f"basename {basename!r} must be a plain file name")
     if latest_basename == basename:
         raise ValueError("latest_basename must differ from basename")
     directory.mkdir(parents=True, exist_ok=True)
-    keys = {".json": "json", ".md": "markdown", ".png": "png"}
+    keys = {".json": "json", ".md": "markdown", ".svg": "chart"}
     paths: dict[str, str] = {}
-    contents = report_contents(report, basename, png)
+    contents = report_contents(report, basename, chart)
     for suffix, data in contents.items():
         path = directory / f"{basename}{suffix}"
         write_atomic(path, data)
@@ -330,7 +331,7 @@ def write_report(
             path = directory / f"{latest_basename}{suffix}"
             write_atomic(path, data)
             paths[f"latest_{keys[suffix]}"] = str(path)
-        stale_png = directory / f"{latest_basename}.png"
-        if ".png" not in contents and stale_png.exists():
-            stale_png.unlink()  # an older run's chart must not sit next to a report without a load test
+        stale_chart = directory / f"{latest_basename}.svg"
+        if ".svg" not in contents and stale_chart.exists():
+            stale_chart.unlink()  # an older run's chart must not sit next to a report without a load test
     return paths

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: write the verify phase's report (JSON, Markdown, PNG chart) on the controller."""
+"""Ansible module: write the verify phase's report (JSON, Markdown, SVG chart) on the controller."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ description:
   - Runs on the controller (C(delegate_to localhost), C(run_once)). Takes the checks of M(kimi_verify_api) (and
     any other check in the same shape), the result of M(kimi_loadtest), the inputs and the cluster facts.
   - Writes I(basename).json (everything, per-request records included), I(basename).md (a checks table, the
-    latency table p50/p90/p99, throughput, thresholds, errors, cluster facts) and I(basename).png (TTFT and
-    E2E per request; only when a load test ran) into I(report_dir), each atomically, then byte-for-byte copies
-    named I(latest_basename).json/.md/.png. Copies, not symlinks - an archived or uploaded artifacts directory
-    keeps them.
+    latency table p50/p90/p99, throughput, thresholds, errors, cluster facts) and I(basename).svg (the latency
+    chart, TTFT and E2E per request; only when a load test ran) into I(report_dir), each atomically, then
+    byte-for-byte copies named I(latest_basename).json/.md/.svg. Copies, not symlinks - an archived or uploaded
+    artifacts directory keeps them.
+  - The chart is SVG written with the standard library alone (the controller needs no plotting library); the
+    same data gives the same bytes. A browser opens it, and GitHub renders it where the Markdown links it.
   - Writes in check mode too - the files are controller artifacts, not managed state - and reports
     C(changed=true) whenever it wrote (the caller sets C(changed_when) as it sees fit).
   - Never fails because a check failed or a threshold was breached; C(ok) says so, and the play decides.
@@ -53,10 +55,11 @@ options:
     description: Name of the copies of the newest report; empty writes none.
     type: str
     default: verify-latest
-  png:
-    description: Draw the latency chart.
+  chart:
+    description: Draw the latency chart (I(basename).svg). C(png) is its former name.
     type: bool
     default: true
+    aliases: [png]
 author:
   - Kimi K2 deployment collection
 extends_documentation_fragment:
@@ -80,10 +83,19 @@ EXAMPLES = r"""
   changed_when: false
   register: verify_report
 
-- name: Show the verify table
+- name: Show the verify table and where the SVG chart is
   ansible.builtin.debug:
-    msg: "{{ verify_report.table }}"
+    msg: "{{ verify_report.table + ['chart: ' ~ (verify_report.paths.chart | default('not drawn'))] }}"
   run_once: true
+
+- name: Write the checks only, without the chart
+  kimi_verify_report:
+    checks: "{{ verify_api.checks }}"
+    report_dir: "{{ kimi_report_dir }}"
+    chart: false
+  delegate_to: localhost
+  run_once: true
+  changed_when: false
 """
 
 RETURN = r"""
@@ -97,9 +109,16 @@ verdict:
   type: str
   sample: FAIL (1 check failed)
 paths:
-  description: json, markdown, png (when drawn) and latest_json, latest_markdown, latest_png.
+  description: json, markdown, chart (the SVG, when drawn) and latest_json, latest_markdown, latest_chart.
   returned: always
   type: dict
+  sample:
+    json: artifacts/verify-20250131T120000Z.json
+    markdown: artifacts/verify-20250131T120000Z.md
+    chart: artifacts/verify-20250131T120000Z.svg
+    latest_json: artifacts/verify-latest.json
+    latest_markdown: artifacts/verify-latest.md
+    latest_chart: artifacts/verify-latest.svg
 table:
   description: Fixed-width lines to print at the end of the play.
   returned: always
@@ -144,7 +163,7 @@ def main() -> None:
             "report_dir": {"type": "path", "required": True},
             "basename": {"type": "str"},
             "latest_basename": {"type": "str", "default": "verify-latest"},
-            "png": {"type": "bool", "default": True},
+            "chart": {"type": "bool", "default": True, "aliases": ["png"]},
         },
         supports_check_mode=True,
     )
@@ -165,7 +184,7 @@ def main() -> None:
     )
     basename = params["basename"] or default_basename(now)
     try:
-        paths = write_report(report, Path(params["report_dir"]), basename, params["latest_basename"], params["png"])
+        paths = write_report(report, Path(params["report_dir"]), basename, params["latest_basename"], params["chart"])
     except (OSError, ValueError) as error:
         module.fail_json(msg=f"could not write the verify report to {params['report_dir']}: {error}")
     table = render_table(report)

@@ -4,6 +4,7 @@ and the module run as Ansible runs it (it writes in check mode too)."""
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 
 import pytest
@@ -19,8 +20,8 @@ from module_utils.kimi_verify_report import (
     write_report,
 )
 from tests.unit.ansible_adhoc import run_module
-from tests.unit.plugins.module_utils.test_kimi_png import decode_png
 
+SVG = "{http://www.w3.org/2000/svg}"
 CHECKS = [
     {"name": "health", "status": "pass", "detail": "HTTP 200 in 3 ms"},
     {"name": "tool_call", "passed": False, "skipped": False, "detail": "tool calls emitted as text | markers"},
@@ -86,7 +87,7 @@ def test_document_counts_checks_and_fails_on_a_failed_check_or_a_breach():
 
 
 def test_markdown_has_the_checks_latency_thresholds_and_errors_tables():
-    markdown = render_markdown(report(), "verify-x.png")
+    markdown = render_markdown(report(), "verify-x.svg")
     assert markdown.startswith("# Verify report: kimi-k2\n\nResult: **FAIL (1 check failed, 1 threshold breached)**")
     assert "| check | result | detail |" in markdown
     assert "| tool_call | fail | tool calls emitted as text \\| markers |" in markdown  # the pipe is escaped
@@ -101,7 +102,7 @@ def test_markdown_has_the_checks_latency_thresholds_and_errors_tables():
     assert "e2e_p99_ms" not in markdown and "tpot_p99_ms" not in markdown
     assert "- TTFT p99 is 198 ms, over the limit 150 ms" in markdown
     assert "| HTTP 500 | 1 | #1: HTTP 500: engine exploded |" in markdown
-    assert "![TTFT and E2E per request](verify-x.png)" in markdown
+    assert "![TTFT and E2E per request](verify-x.svg)" in markdown
     assert '| ranks | ["node1", "node2"] |' in markdown
 
 
@@ -130,28 +131,44 @@ def test_written_files_and_latest_copies(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "verify-20250131T120000Z.json",
         "verify-20250131T120000Z.md",
-        "verify-20250131T120000Z.png",
+        "verify-20250131T120000Z.svg",
         "verify-latest.json",
         "verify-latest.md",
-        "verify-latest.png",
+        "verify-latest.svg",
     ]  # no temporary files left behind
     written = json.loads((tmp_path / "verify-20250131T120000Z.json").read_text())
     assert written["loadtest"]["records"] == RECORDS and written["facts"]["nodes"] == 2
-    assert written["files"]["png"] == "verify-20250131T120000Z.png"
-    for suffix in ("json", "md", "png"):
+    assert written["files"]["chart"] == "verify-20250131T120000Z.svg" and "png" not in written["files"]
+    for suffix in ("json", "md", "svg"):
         dated = tmp_path / f"verify-20250131T120000Z.{suffix}"
         latest = tmp_path / f"verify-latest.{suffix}"
         assert latest.read_bytes() == dated.read_bytes() and not latest.is_symlink()
-    decode_png((tmp_path / "verify-latest.png").read_bytes())
+    chart = ET.fromstring((tmp_path / "verify-latest.svg").read_bytes())
+    assert chart.tag == f"{SVG}svg" and chart.find(f"{SVG}title").text == "Verify load test: kimi-k2"
+    bars = [rect for rect in chart.iter(f"{SVG}rect") if rect.get("class") in ("e2e", "ttft", "error")]
+    assert sorted(rect.get("class") for rect in bars) == ["e2e"] * 3 + ["error"] + ["ttft"] * 3  # 3 ok, 1 failed
+    assert "TTFT limit 150 ms" in ["".join(text.itertext()) for text in chart.iter(f"{SVG}text")]
+    assert paths["chart"] == str(tmp_path / "verify-20250131T120000Z.svg")
+    assert paths["latest_chart"] == str(tmp_path / "verify-latest.svg")
     assert paths["latest_markdown"] == str(tmp_path / "verify-latest.md")
 
 
 def test_a_report_without_a_load_test_removes_the_stale_latest_chart(tmp_path):
     write_report(report(), tmp_path, "verify-1")
     paths = write_report(report(loadtest=None), tmp_path, "verify-2")
-    assert "png" not in paths and not (tmp_path / "verify-latest.png").exists()
-    assert (tmp_path / "verify-1.png").exists()  # older dated reports are kept
+    assert "chart" not in paths and not (tmp_path / "verify-latest.svg").exists()
+    assert (tmp_path / "verify-1.svg").exists()  # older dated reports are kept
     assert json.loads((tmp_path / "verify-latest.json").read_text())["loadtest"] is None
+
+
+def test_chart_false_draws_no_svg_and_the_module_takes_png_as_its_alias(tmp_path):
+    paths = write_report(report(), tmp_path / "direct", "verify-1", chart=False)
+    assert "chart" not in paths and not list((tmp_path / "direct").glob("*.svg"))
+    assert json.loads((tmp_path / "direct" / "verify-1.json").read_text())["files"]["chart"] is None
+    assert "![" not in (tmp_path / "direct" / "verify-1.md").read_text()
+    args = {"checks": CHECKS, "loadtest": LOADTEST, "report_dir": str(tmp_path / "module"), "png": False}
+    ok, result = run_module(tmp_path, "kimi_verify_report", args)
+    assert ok and "chart" not in result["paths"] and not list((tmp_path / "module").glob("*.svg"))
 
 
 def test_no_latest_copies_and_bad_names(tmp_path):
@@ -191,4 +208,4 @@ def test_module_writes_even_in_check_mode_and_returns_the_table(tmp_path):
     written = json.loads((tmp_path / "artifacts" / "verify-latest.json").read_text())
     assert written["loadtest"]["thresholds"] == THRESHOLDS  # taken from the load test result
     assert written["generated_at"].endswith("Z")
-    assert set(result["paths"]) == {"json", "markdown", "png", "latest_json", "latest_markdown", "latest_png"}
+    assert set(result["paths"]) == {"json", "markdown", "chart", "latest_json", "latest_markdown", "latest_chart"}
