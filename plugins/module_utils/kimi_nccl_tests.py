@@ -1,7 +1,8 @@
 """nccl-tests across the cluster: the launcher command (mpirun or torchrun) from the inventory, the parser for
 what all_reduce_perf and NCCL's INFO logging print, and the verdict against the site's gates.
 
-Pure logic, no Ansible: plugins/modules/kimi_nccl_tests.py wraps it, tests call it with recorded outputs
+Pure logic, no Ansible: plugins/modules/kimi_nccl_tests_command.py wraps the command (launch_spec, render),
+plugins/modules/kimi_nccl_tests_result.py the verdict (verdict); tests call it with recorded outputs
 (tests/fixtures/nccl_tests/). The output formats followed are nccl-tests' (2.x: the `# nThread ...` header, the
 `#  Rank N Group ...` device lines, the size/count/type/redop/root table with out-of-place and in-place
 time/algbw/busbw/#wrong, the `Out of bounds values` and `Avg bus bandwidth` footer) and NCCL's debug lines
@@ -110,6 +111,8 @@ def validate(spec: LaunchSpec) -> list[NcclTestsInputError]:
     problems = []
     if spec.launcher not in LAUNCHERS:
         problems.append(NcclTestsInputError("nccl_tests_launcher", f"{spec.launcher!r} is not one of mpirun, torchrun"))
+    if not str(spec.binary or "").strip():
+        problems.append(NcclTestsInputError("nccl_tests_binary", "no all_reduce_perf or benchmark script to run"))
     if not spec.hosts_by_rank:
         problems.append(NcclTestsInputError("kimi_nodes", "the group has no hosts"))
     for host in spec.hosts_by_rank:
@@ -202,6 +205,32 @@ def torchrun_argv(spec: LaunchSpec, host: str) -> list[str]:
     argv += ["--master-addr", master, "--master-port", str(spec.master_port)]
     argv += [str(arg) for arg in spec.launcher_args]
     return [*argv, spec.binary, *_test_args(spec)]
+
+
+def launch_spec(options: Mapping[str, Any]) -> LaunchSpec:
+    """The spec from kimi_nccl_tests_command's options (its names; the environment file as text, extra_env on top)."""
+    return LaunchSpec(
+        launcher=options["launcher"],
+        hosts_by_rank=list(options["hosts"] or []),
+        host_addresses={str(host): str(address) for host, address in (options["host_addresses"] or {}).items()},
+        gpus_per_node=options["gpus_per_node"],
+        binary=options["binary"],
+        min_bytes=options["min_bytes"],
+        max_bytes=options["max_bytes"],
+        step_factor=options["step_factor"],
+        gpus_per_process=options["gpus_per_process"],
+        iters=options["iters"],
+        warmup_iters=options["warmup_iters"],
+        check_iters=options["check_iters"],
+        env=launch_env(parse_env_file(options["env_file_text"] or ""), options["extra_env"]),
+        interface=options["interface"],
+        launcher_path=options["launcher_path"],
+        launcher_args=list(options["launcher_args"] or []),
+        test_args=list(options["test_args"] or []),
+        master_port=options["master_port"],
+        allow_run_as_root=options["allow_run_as_root"],
+        timeout_s=options["timeout_s"],
+    )
 
 
 def render(spec: LaunchSpec) -> dict[str, Any]:
@@ -762,3 +791,33 @@ def report_lines(summary: dict[str, Any], problems: Sequence[str], min_busbw: fl
     else:
         lines.append(f"passed ({gate})")
     return lines
+
+
+def verdict(
+    text: str,
+    rc: int | None = None,
+    *,
+    min_busbw_gbs: float = 0.0,
+    require_transport: str = "",
+    require_gdrdma: bool = False,
+    expected_nccl_version: str = "",
+    nccl_source: str = "libnccl2",
+    expected_ranks: int = 0,
+    timeout_s: int = 0,
+) -> dict[str, Any]:
+    """What kimi_nccl_tests_result returns: the parsed run, every problem against the gates, the report lines
+    and whether it passed."""
+    summary = parse_output(text)
+    problems = judge(
+        summary,
+        min_busbw_gbs,
+        require_transport,
+        expected_nccl_version,
+        rc=rc,
+        expected_ranks=expected_ranks,
+        require_gdrdma=require_gdrdma,
+        nccl_source=nccl_source,
+        timeout_s=timeout_s,
+    )
+    report = report_lines(summary, problems, min_busbw_gbs)
+    return {"summary": summary, "problems": problems, "report": report, "passed": not problems}

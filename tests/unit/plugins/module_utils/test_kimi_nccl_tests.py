@@ -1,6 +1,7 @@
 """plugins/module_utils/kimi_nccl_tests.py: the launcher command (mpirun, torchrun), the all_reduce_perf and NCCL INFO
 parser on recorded outputs (tests/fixtures/nccl_tests/, reconstructed: see its README), the verdict's messages,
-the torch benchmark's output read back by the same parser, and the kimi_nccl_tests module end to end."""
+the torch benchmark's output read back by the same parser, and the kimi_nccl_tests_command and
+kimi_nccl_tests_result modules end to end."""
 
 from __future__ import annotations
 
@@ -157,6 +158,7 @@ def test_torchrun_runs_on_every_node_with_its_node_rank():
         ({"launcher": "srun"}, "nccl_tests_launcher"),
         ({"interface": "^docker,lo"}, "nccl_tests_interface"),
         ({"env": {"BAD NAME": "1"}}, "nccl_tests_extra_env"),
+        ({"binary": " "}, "nccl_tests_binary"),
     ],
 )
 def test_inputs_that_cannot_run_name_their_variable(change, variable):
@@ -513,7 +515,6 @@ def test_bench_output_reads_back_with_the_same_parser(bench):
 
 def test_module_renders_mpirun(tmp_path):
     args = {
-        "mode": "render",
         "hosts": list(TWO),
         "host_addresses": ADDRESSES,
         "gpus_per_node": 8,
@@ -522,7 +523,7 @@ def test_module_renders_mpirun(tmp_path):
         "interface": "ib0",
         "allow_run_as_root": True,
     }
-    ok, result = run_module(tmp_path, "kimi_nccl_tests", args, check=True)
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_command", args, check=True)
     assert ok, result
     argv = result["commands"]["gn-h100-node1"]
     assert value_after(argv, "-np") == "16" and "-x" in argv and "--allow-run-as-root" in argv
@@ -530,14 +531,21 @@ def test_module_renders_mpirun(tmp_path):
 
 
 def test_module_refuses_naming_the_variable(tmp_path):
-    args = {"mode": "render", "hosts": list(TWO), "host_addresses": ADDRESSES, "binary": BINARY, "gpus_per_process": 3}
-    ok, result = run_module(tmp_path, "kimi_nccl_tests", args)
+    args = {"hosts": list(TWO), "host_addresses": ADDRESSES, "binary": BINARY, "gpus_per_process": 3}
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_command", args)
     assert not ok and result["variable"] == "nccl_tests_gpus_per_process"
+
+
+def test_modules_take_only_their_own_options(tmp_path):
+    args = {"mode": "render", "hosts": list(TWO), "host_addresses": ADDRESSES, "binary": BINARY}
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_command", args, check=True)
+    assert not ok and "mode" in result["msg"]
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_result", {"text": "", "launcher": "mpirun"}, check=True)
+    assert not ok and "launcher" in result["msg"]
 
 
 def test_module_judges_and_lists_every_problem(tmp_path):
     args = {
-        "mode": "judge",
         "text": fixture("socket-fallback-2x8-h100"),
         "rc": 0,
         "min_busbw_gbs": 350,
@@ -545,7 +553,7 @@ def test_module_judges_and_lists_every_problem(tmp_path):
         "expected_nccl_version": PIN,
         "expected_ranks": 16,
     }
-    ok, result = run_module(tmp_path, "kimi_nccl_tests", args, check=True)
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_result", args, check=True)
     assert not ok
     assert re.match(
         r"nccl-tests failed: avg bus bandwidth 9\.01 GB/s is below .*; NCCL used Socket \(eth0\)", result["msg"]
@@ -554,8 +562,8 @@ def test_module_judges_and_lists_every_problem(tmp_path):
 
 
 def test_module_passes_a_good_run(tmp_path):
-    args = {"mode": "judge", "text": fixture("ib-2x8-h100-gdrdma"), "rc": 0, "require_transport": "IB"}
-    ok, result = run_module(tmp_path, "kimi_nccl_tests", args)
+    args = {"text": fixture("ib-2x8-h100-gdrdma"), "rc": 0, "require_transport": "IB"}
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_result", args)
     assert ok, result
     assert result["passed"] is True and result["problems"] == [] and result["summary"]["avg_busbw"] == 275.615
 
