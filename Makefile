@@ -48,7 +48,7 @@ unit: venv ## Unit tests (seconds; no root, no lab)
 	$(BIN)/pytest -q --durations=5 tests/unit
 
 local: venv ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
-	$(BIN)/pytest -q --durations=15 -m "not slow" tests/local
+	$(BIN)/pytest -q --durations=15 -n 2 --dist loadfile -m "not slow" tests/local
 
 lab-build: host-deps venv ## Build (or reuse) the lab's cached base rootfs and mirrors
 	$(PY) $(LAB) build all
@@ -65,10 +65,20 @@ lab-status: ## Show the lab's nodes and mirrors
 lab-test: lab-build ## Tests against the real lab (boots and tears down its own nodes)
 	$(BIN)/pytest -q --durations=0 -m lab tests/lab
 
-molecule: lab-build ## Every role's Molecule scenario on lab nodes
-	@for scenario in $$(ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename); do \
-		echo "== molecule test -s $$scenario"; \
-		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario $(BIN)/molecule test -s $$scenario; done
+# Every scenario runs on one lab booted once (the largest scenario has 2 platforms); each scenario's own
+# create uses it, --destroy never keeps it for the next, and the lab goes down at the end, also on failure.
+MOLECULE_NODES := 2
+
+molecule: lab-build ## Every role's Molecule scenario, on one lab booted once for all of them
+	@$(PY) $(LAB) up $(MOLECULE_NODES); status=0; \
+	for scenario in $$(ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename); do \
+		echo "== molecule test -s $$scenario"; started=$$(date +%s); \
+		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario \
+			$(BIN)/molecule test -s $$scenario --destroy never || { status=$$?; break; }; \
+		echo "== molecule $$scenario: $$(( $$(date +%s) - started )) s"; \
+	done; \
+	$(PY) $(LAB) down || status=$$?; \
+	exit $$status
 
 # The layers `make test` runs, in order; each one's wall time is printed at the end (CI's budget is 55 minutes).
 TEST_LAYERS := lint unit local lab-build lab-test molecule
