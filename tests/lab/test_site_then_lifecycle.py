@@ -139,17 +139,19 @@ def test_a_changed_flag_restarts_both_ranks_in_order_and_verify_names_the_missin
     assert generates_a_token()
 
 
-def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving):
+def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving, tmp_path):
+    # Its playbooks live in tests/lab/playbooks: their reports go to a temporary directory, not into the tree.
+    reports = {"KIMI_REPORT_DIR": str(tmp_path)}
     try:
-        first = run_playbook(RAY_PLAYBOOKS / "ray_cluster.yml", LAB_INVENTORY)
+        first = run_playbook(RAY_PLAYBOOKS / "ray_cluster.yml", LAB_INVENTORY, envvars=reports)
         assert first.rc == 0, first.failure_messages()
         checked = first.results_of("Check ray status shows every node and the expected GPUs")["node1"]
         assert checked["ray"]["active_nodes"] == 2
         assert checked["ray"]["resources"]["GPU"] == 2.0
-        again = run_playbook(RAY_PLAYBOOKS / "ray_cluster.yml", LAB_INVENTORY)
+        again = run_playbook(RAY_PLAYBOOKS / "ray_cluster.yml", LAB_INVENTORY, envvars=reports)
         assert again.rc == 0 and again.changed == 0, again.stats.get("changed")
     finally:
-        removed = run_playbook(RAY_PLAYBOOKS / "ray_cluster_remove.yml", LAB_INVENTORY)
+        removed = run_playbook(RAY_PLAYBOOKS / "ray_cluster_remove.yml", LAB_INVENTORY, envvars=reports)
         assert removed.rc == 0, removed.failure_messages()
 
 
