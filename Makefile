@@ -67,11 +67,17 @@ lab-test: lab-build ## Tests against the real lab (boots and tears down its own 
 
 # Every scenario runs on one lab booted once (the largest scenario has 2 platforms); each scenario's own
 # create uses it, --destroy never keeps it for the next, and the lab goes down at the end, also on failure.
+# Order matters on shared nodes: preflight (which must find /data untouched) first, then the stack roles,
+# the checkpoint, and serving last (its prepare finds the stack and the checkpoint already there).
 MOLECULE_NODES := 2
+MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve
 
 molecule: lab-build ## Every role's Molecule scenario, on one lab booted once for all of them
+	@unlisted=$$(for d in molecule/*/molecule.yml; do n=$$(basename $$(dirname $$d)); \
+		case " $(MOLECULE_SCENARIOS) " in *" $$n "*) ;; *) echo $$n;; esac; done); \
+	if [ -n "$$unlisted" ]; then echo "Makefile: add $$unlisted to MOLECULE_SCENARIOS" >&2; exit 2; fi
 	@$(PY) $(LAB) up $(MOLECULE_NODES); status=0; \
-	for scenario in $$(ls -d molecule/*/molecule.yml 2>/dev/null | xargs -rn1 dirname | xargs -rn1 basename); do \
+	for scenario in $(MOLECULE_SCENARIOS); do \
 		echo "== molecule test -s $$scenario"; started=$$(date +%s); \
 		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario \
 			$(BIN)/molecule test -s $$scenario --destroy never || { status=$$?; break; }; \
