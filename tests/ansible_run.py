@@ -13,7 +13,8 @@ from typing import Any
 
 import ansible_runner
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import REPO_ROOT
+
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 
 

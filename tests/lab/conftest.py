@@ -140,7 +140,6 @@ class LabController:
     log: list[str] = field(default_factory=list)
     # The first successful site.yml converge of the current lab (None until one ran, or after `down`).
     converged: object | None = None
-    converges: int = 0
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
         proc = subprocess.run(
@@ -236,7 +235,6 @@ def serving(lab_controller, request):
         assert result.rc == 0, result.failure_messages()
         assert generates_a_token(), "the lab does not generate a token after a converge"
         lab_controller.converged = result
-        lab_controller.converges += 1
     yield lab_controller
     call = getattr(request.node, "lab_report_call", None)
     if call is None or call.failed:

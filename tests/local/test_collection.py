@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from tests.ansible_run import PlayResult, run_playbook
+from tests.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GALAXY = yaml.safe_load((REPO_ROOT / "galaxy.yml").read_text())
 FQCN = f"{GALAXY['namespace']}.{GALAXY['name']}"
