@@ -98,6 +98,8 @@ def play(project: Path, **extravars: str) -> PlayResult:
         envvars={
             "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
             "ANSIBLE_HOME": str(project / "home"),
+            # The plan task runs on localhost, where remote_tmp (default ~/.ansible/tmp) is this machine's home.
+            "ANSIBLE_REMOTE_TEMP": str(project / "remote-tmp"),
             "ANSIBLE_CALLBACK_PLUGINS": "",
             "KIMI_REPORT_DIR": str(project / "reports"),
         },
