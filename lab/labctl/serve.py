@@ -3,7 +3,8 @@
 Static HTTP (python's http.server) serves a document root of symlinks into the mirror builders' output:
   /apt/nvidia  (placeholder packages with NVIDIA's names and versions)
   /apt/debian  (the Debian packages nodes may install; nodes have no other Debian source)
-  /wheels/     (the wheelhouse, for pip --no-index --find-links)
+  /wheels/     (the wheelhouse, for pip --no-index --find-links; its index.html names each wheel's PEP 658
+               metadata, as PyPI does, so a dry-run resolve downloads no wheel: labctl/wheel_index.py)
 olah, in offline mode, serves the miniature checkpoint as a Hugging Face endpoint.
 """
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from . import wheel_index
 from .settings import HOST_ADDRESS, Settings
 from .state import StatePaths
 from .system import (
@@ -92,6 +94,8 @@ def prepare_docroot(paths: StatePaths, apt: dict[str, Path], wheels: dict[str, P
         link.parent.mkdir(parents=True, exist_ok=True)
         link.unlink(missing_ok=True)
         link.symlink_to(target.resolve(), target_is_directory=True)
+    # Also for wheelhouses built before the page existed: it adds files beside the wheels, never changes one.
+    wheel_index.ensure(Path(wheels["wheelhouse"]))
 
 
 def _spawn(argv: list[str], log: Path, pid_file: Path, cwd: Path) -> int:

@@ -80,8 +80,13 @@ def test_placeholder_wheel_is_a_valid_wheel_whose_library_reports_its_version(tm
 
 
 def fake_wheel(directory: Path, name: str, version: str) -> Path:
+    """A wheel with only its METADATA: enough for the wheelhouse's metadata page."""
     path = directory / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-    path.write_bytes(f"{name} {version}".encode())
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(
+            f"{name.replace('-', '_')}-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        )
     return path
 
 
