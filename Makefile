@@ -44,8 +44,8 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff, every module's 
 	$(BIN)/ansible-lint --profile production -q
 	$(PY) tests/sanity/module_docs.py
 
-unit: venv ## Unit tests (seconds; no root, no lab)
-	$(BIN)/pytest -q --durations=5 tests/unit
+unit: venv ## Unit tests (seconds; no root, no lab), in two processes like tests/local
+	$(BIN)/pytest -q --durations=5 -n 2 --dist loadfile tests/unit
 
 local: venv ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
 	$(BIN)/pytest -q --durations=15 -n 2 --dist loadfile -m "not slow" tests/local

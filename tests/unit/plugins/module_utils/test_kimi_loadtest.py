@@ -292,7 +292,9 @@ def test_no_request_is_sent_after_the_time_budget():
 
 
 def test_concurrency_is_a_ceiling_and_is_reached():
-    with FakeOpenAI(default_plan=StreamPlan(tokens=2, first_token_delay=0.1)) as server:
+    # Each request stays in flight half a second, so the workers overlap even on a loaded machine
+    # (0.1 s let a busy CI core run them one after another).
+    with FakeOpenAI(default_plan=StreamPlan(tokens=2, first_token_delay=0.5)) as server:
         outcome = run_load_test(config_for(server, requests=9, concurrency=3))
         peak = server.max_in_flight
     assert outcome["summary"]["ok"] == 9
