@@ -103,6 +103,9 @@ options:
     default: true
 notes:
   - Run it on the controller (C(delegate_to localhost), C(run_once)) before any node is changed.
+  - With pip 25.3 or newer and an index that serves PEP 658 metadata (PyPI does; so does the lab's
+    wheelhouse page), the dry run reads each wheel's METADATA only. Older pip, or an index without
+    metadata files, downloads every wheel of the closure on each run (about 1 GB for vLLM's).
 author:
   - Kimi K2 deployment collection
 extends_documentation_fragment:
