@@ -1,8 +1,8 @@
 """How each node starts vLLM: the `vllm serve` argv per layout and node rank, the unit it runs in, checks that
 name the variable at fault, and the parsers for what vLLM and Ray print at start-up.
 
-Pure logic, no Ansible: plugins/modules/kimi_serve_args.py and plugins/modules/kimi_serve_check.py wrap it,
-tests call it.
+Pure logic, no Ansible: the modules kimi_serve_args, kimi_serve_startup, kimi_serve_group and kimi_ray_status
+wrap it, tests call it.
 """
 
 from __future__ import annotations
