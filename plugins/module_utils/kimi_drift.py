@@ -452,7 +452,7 @@ def checkpoint_state(
 
     The pin verdict is the checkpoint role's own (pin_matches, and the marker version). A branch revision
     (checkpoint_allow_branch) is compared by the name the marker says it was resolved from, since drift does
-    not ask the Hub. `files`: the node's answer of kimi_checkpoint_status mode=marker (each recorded file's
+    not ask the Hub. `files`: the node's answer of kimi_checkpoint_info (each recorded file's
     stat compared with the marker, and the rotating sample hashed), absent or skipped when not read.
     """
     repo_id = str(expected.get("repo_id") or "")
@@ -690,7 +690,7 @@ def build_report(
     """The whole drift report: per-host findings and states, cluster findings, notes, the verdict.
 
     nodes[host]: unreachable (bool), msg, stack_error (kimi_stack_facts failed), marker (slurp result),
-    checkpoint_files (kimi_checkpoint_status mode=marker: stats and sample), units (systemctl show result),
+    checkpoint_files (kimi_checkpoint_info: stats and sample), units (systemctl show result),
     health (uri result, rank 0 only). checks: which checks ran (converge, checkpoint,
     service, health). problems: things drift itself could not establish (the pin set), reported as
     `incomplete`.

@@ -52,8 +52,8 @@ options:
   nodes:
     description:
       - Host to what was read there - unreachable (bool) and msg, stack_error (why kimi_stack_facts failed),
-        marker (the slurp result of the checkpoint marker), checkpoint_files (kimi_checkpoint_status
-        mode=marker - the recorded files whose size, mtime or inode changed, and the rotating sample hashed),
+        marker (the slurp result of the checkpoint marker), checkpoint_files (kimi_checkpoint_info -
+        the recorded files whose size, mtime or inode changed, and the rotating sample hashed),
         units (the result of systemctl show for the vLLM units), health (the uri result, rank 0).
     type: dict
     default: {}

@@ -116,7 +116,7 @@ def test_the_tarball_holds_the_collection_and_not_the_test_bed(installed):
         "plugins/module_utils/kimi_plan.py",
         "roles/kimi/tasks/main.yml",
         "plugins/callback/kimi_phase_failures.py",
-        "plugins/action/kimi_checkpoint_status.py",
+        "plugins/action/kimi_checkpoint_job.py",
         "plugins/doc_fragments/attributes.py",
         "meta/runtime.yml",
         "site.yml",

@@ -382,7 +382,7 @@ def test_a_version_1_marker_says_its_files_cannot_be_checked_until_the_next_conv
 
 
 def files_read(stale=(), sampled=(), sample_problems=()) -> dict:
-    """kimi_checkpoint_status mode=marker's answer, as drift.yml registers it."""
+    """kimi_checkpoint_info's answer, as drift.yml registers it."""
     return {
         "changed": False,
         "files_recorded": 7,

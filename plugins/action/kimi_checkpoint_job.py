@@ -1,16 +1,16 @@
-"""Action plugin for kimi_checkpoint_status: `mode: wait` polls the node and prints a progress line per poll.
+"""Action plugin for kimi_checkpoint_job: `state: finished` polls the node and prints a progress line per poll.
 
 Ansible prints nothing while a task runs, and `until` retries print only the task name. This plugin runs the
-module's `progress` mode from the controller and displays its line as it comes, so a download of hours shows
-bytes, percentage, rate and ETA at a steady pace. Each poll blocks on the node for up to `interval` seconds
-and answers as soon as the job ends: one module run per line, yet the end of the download is seen when it
-happens rather than up to a whole interval later. The download itself runs detached on the node: if this
-connection drops, only the watching stops, and a re-run attaches to the same job.
+module's `state: finished` (one blocking poll) from the controller and displays its line as it comes, so a
+download of hours shows bytes, percentage, rate and ETA at a steady pace. Each poll blocks on the node for
+up to `interval` seconds and answers as soon as the job ends: one module run per line, yet the end of the
+download is seen when it happens rather than up to a whole interval later. The download itself runs
+detached on the node: if this connection drops, only the watching stops, and a re-run attaches to the job.
 
 A download whose bytes on disk do not grow for `stall_timeout` seconds (a network cut that leaves
-connections open, a hung mount) is stopped through the module's `stop` mode, and the answer says so
+connections open, a hung mount) is stopped through the module's `state: stopped`, and the answer says so
 (`stalled`, `stall_message`) for the role to fail with.
-Every other mode passes straight through to the module.
+The other states pass straight through to the module.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections import deque
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-MODULE = "kimi_checkpoint_status"
+MODULE = "kimi_checkpoint_job"
 # The rate (and so the ETA) is averaged over this many polls: steady, yet follows a real change of speed.
 RATE_WINDOW = 6
 
@@ -33,13 +33,13 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        if args.get("mode") != "wait":
+        if args.get("state") != "finished":
             result.update(self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars))
             return result
         interval = float(args.get("interval", 30))
         timeout = float(args.get("timeout", 0))
         stall_timeout = float(args.get("stall_timeout", 0))
-        args.update(mode="progress", host=args.get("host") or task_vars.get("inventory_hostname", ""))
+        args.update(host=args.get("host") or task_vars.get("inventory_hostname", ""))
         samples: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)
         started, polls, lines = time.monotonic(), 0, []
         # The most bytes seen and the node's time when they were first seen: no growth since then is a stall.
@@ -66,7 +66,7 @@ class ActionModule(ActionBase):
             if not answer["running"]:
                 break
             if stall_timeout and stalled_for >= stall_timeout:
-                stop_args = {**args, "mode": "stop", "wait": 0, "stalled_seconds": stalled_for}
+                stop_args = {**args, "state": "stopped", "wait": 0, "stalled_seconds": stalled_for}
                 stopped = self._execute_module(module_name=MODULE, module_args=stop_args, task_vars=task_vars)
                 if stopped.get("failed"):
                     result.update(stopped)
@@ -74,7 +74,7 @@ class ActionModule(ActionBase):
                 display.display(stopped["stall_message"])
                 result.update(answer)
                 result.update(
-                    mode="wait", changed=False, polls=polls, lines=lines[-20:], timed_out=False, stalled=True,
+                    state="finished", changed=False, polls=polls, lines=lines[-20:], timed_out=False, stalled=True,
                     stalled_seconds=round(stalled_for), stall_message=stopped["stall_message"], running=False,
                     exit_status=None, pid=stopped["pid"],
                 )  # fmt: skip
@@ -82,7 +82,7 @@ class ActionModule(ActionBase):
             if timeout and time.monotonic() - started >= timeout:
                 break
         result.update(answer)
-        result.update(mode="wait", changed=False, polls=polls, lines=lines[-20:], stalled=False)
+        result.update(state="finished", changed=False, polls=polls, lines=lines[-20:], stalled=False)
         result["stalled_seconds"] = round(stalled_for)
         result["timed_out"] = bool(answer["running"])
         return result
