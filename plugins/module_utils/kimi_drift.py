@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import kimi_report
 from .kimi_checkpoint import (
     MARKER_VERSION,
     is_commit_sha,
@@ -916,4 +917,4 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def report_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=True) + "\n"
+    return kimi_report.report_json(report)

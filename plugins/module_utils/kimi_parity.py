@@ -9,12 +9,12 @@ Each node is flattened once into {item: value}, so the whole comparison is linea
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import kimi_report
 from .kimi_stack import (
     check_env_interfaces,
     normalize_dist_name,
@@ -596,4 +596,4 @@ def report_json(report: dict[str, Any]) -> str:
 
     Compact, because 256 hosts x ~230 items is ~2 MB already; `jq .` makes it readable.
     """
-    return json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n"
+    return kimi_report.report_json(report, compact=True)

@@ -12,13 +12,12 @@ its chart link to the dated SVG, which stays next to it.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from . import kimi_report
 from .kimi_chart import latency_chart
 
 REPORT_KIND = "kimi-verify"
@@ -115,7 +114,7 @@ def verdict(report: Mapping[str, Any]) -> str:
 
 
 def report_json(report: Mapping[str, Any]) -> str:
-    return json.dumps(report, indent=2, sort_keys=True) + "\n"
+    return kimi_report.report_json(report)
 
 
 # ------------------------------------------------------------------------------------------ Markdown
@@ -273,22 +272,6 @@ def render_table(report: Mapping[str, Any], width: int = TABLE_WIDTH) -> list[st
 # ------------------------------------------------------------------------------------------ files
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, flush it to disk, then rename over path: a reader
-    sees the old file or the new one, never half of one."""
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def report_contents(report: Mapping[str, Any], basename: str, chart: bool = True) -> dict[str, bytes]:
     """File suffix to content. The chart is drawn only when a load test ran."""
     load = report["loadtest"]
@@ -314,24 +297,13 @@ def write_report(
     chart: bool = True,
 ) -> dict[str, str]:
     """Write the dated files, then the latest copies; returns {json, markdown, chart, latest_json, ...} paths."""
-    if not basename or "/" in basename or basename.startswith("."):
-        raise ValueError(f"basename {basename!r} must be a plain file name")
-    if latest_basename == basename:
-        raise ValueError("latest_basename must differ from basename")
-    directory.mkdir(parents=True, exist_ok=True)
     keys = {".json": "json", ".md": "markdown", ".svg": "chart"}
-    paths: dict[str, str] = {}
     contents = report_contents(report, basename, chart)
-    for suffix, data in contents.items():
-        path = directory / f"{basename}{suffix}"
-        write_atomic(path, data)
-        paths[keys[suffix]] = str(path)
-    if latest_basename:
-        for suffix, data in contents.items():
-            path = directory / f"{latest_basename}{suffix}"
-            write_atomic(path, data)
-            paths[f"latest_{keys[suffix]}"] = str(path)
-        stale_chart = directory / f"{latest_basename}.svg"
-        if ".svg" not in contents and stale_chart.exists():
-            stale_chart.unlink()  # an older run's chart must not sit next to a report without a load test
+    # An older run's chart (and a PNG of the releases before the SVG chart) must not sit next to a report
+    # without a load test.
+    written = kimi_report.write_report_files(
+        directory, basename, contents, latest_basename or None, suffixes_of_latest=(".svg", ".png")
+    )
+    paths = {keys[suffix]: str(path) for suffix, path in written.items() if suffix in keys}
+    paths.update({f"latest_{keys[key[6:]]}": str(path) for key, path in written.items() if key.startswith("latest")})
     return paths

@@ -143,7 +143,6 @@ report_paths:
 """
 
 import re
-import shutil
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
@@ -156,8 +155,10 @@ try:  # installed as the kimi.k2 collection
         render_table,
         report_json,
     )
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
 except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
     from ansible.module_utils.kimi_drift import build_report, parse_changes, render_markdown, render_table, report_json
+    from ansible.module_utils.kimi_report import write_report_files
 
 STAMP = re.compile(r"^\d{8}T\d{6}Z$")
 STAMPED = re.compile(r"^drift-(\d{8}T\d{6}Z)(\.json|\.md|\.converge\.jsonl)$")
@@ -245,11 +246,8 @@ def main() -> None:
     }
     # The reports are what this play is for: written in check mode too, and never a change to managed state.
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        paths["json"].write_text(report_json(report), encoding="utf-8")
-        paths["markdown"].write_text(render_markdown(report), encoding="utf-8")
-        shutil.copyfile(paths["json"], paths["latest_json"])
-        shutil.copyfile(paths["markdown"], paths["latest_markdown"])
+        contents = {".json": report_json(report), ".md": render_markdown(report)}
+        write_report_files(directory, f"drift-{stamp}", contents, "drift-latest")
         removed = prune(directory, params["keep"])
     except OSError as error:
         module.fail_json(msg=f"could not write the drift report in {directory}: {error}", table=table)

@@ -19,8 +19,9 @@ description:
     common value is the reference; on a tie, the first host's).
   - Fails with a table (a row per item, a column per host, differing values marked with C(!)) and, for
     each difference, the node, the item, both values and the exact command that fixes it.
-  - Writes the whole comparison as JSON to I(report_path) (deterministic, so an unchanged cluster does not
-    report a change). In check mode the comparison runs and nothing is written.
+  - Writes the whole comparison as JSON to I(report_path) (deterministic, so an unchanged cluster rewrites no
+    byte). The report is the check's output, not managed state, so the module never reports a change. In
+    check mode the comparison runs and nothing is written.
 options:
   facts:
     description:
@@ -102,7 +103,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: In check mode the report file is not written; C(changed) says whether it would have been.
+    details: In check mode the comparison runs and the report file is not written.
   diff_mode:
     support: none
     details: The report's content is in the result (C(table), C(failures)), not in a diff.
@@ -179,8 +180,10 @@ try:  # installed as the kimi.k2 collection
         report_json,
         summary_message,
     )
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
 except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
     from ansible.module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
+    from ansible.module_utils.kimi_report import write_atomic
 
 PIN_OPTIONS = {
     "deb_pins": "debs",
@@ -252,23 +255,20 @@ def main() -> None:
     report = compare(ordered(facts, params["hosts"]), pins)
     table = render_table(report, params["table_max_hosts"])
     report["table"] = table
-    changed = False
     result = {"ok": report["ok"], "summary": report["summary"], "failures": report["failures"]}
     result.update(parity_warnings=report["warnings"], table=table)
     if params["report_path"]:
         path = Path(params["report_path"])
-        text = report_json(report)
-        changed = not path.exists() or path.read_text() != text
-        if changed and not module.check_mode:
+        if not module.check_mode:
             try:
-                path.write_text(text)
+                write_atomic(path, report_json(report))
             except OSError as error:
                 module.fail_json(msg=f"could not write {path}: {error}", **result)
         result["report_path"] = str(path)
     if not report["ok"] and params["fail_on_mismatch"]:
         del result["table"]  # the message carries it already
-        module.fail_json(msg=summary_message(report, params["table_max_hosts"]), changed=changed, **result)
-    module.exit_json(changed=changed, **result)
+        module.fail_json(msg=summary_message(report, params["table_max_hosts"]), changed=False, **result)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ description:
     artifacts directory keeps them.
   - The chart is SVG written with the standard library alone (the controller needs no plotting library); the
     same data gives the same bytes. A browser opens it, and GitHub renders it where the Markdown links it.
-  - Writes in check mode too - the files are controller artifacts, not managed state - and reports
-    C(changed=true) whenever it wrote (the caller sets C(changed_when) as it sees fit).
+  - Writes in check mode too - the files are controller artifacts, not managed state - and so never reports
+    a change (the report writer every check shares, kimi_report).
   - Never fails because a check failed or a threshold was breached; C(ok) says so, and the play decides.
 options:
   checks:
@@ -80,7 +80,6 @@ EXAMPLES = r"""
     report_dir: "{{ kimi_report_dir }}"
   delegate_to: localhost
   run_once: true
-  changed_when: false
   register: verify_report
 
 - name: Show the verify table and where the SVG chart is
@@ -95,7 +94,6 @@ EXAMPLES = r"""
     chart: false
   delegate_to: localhost
   run_once: true
-  changed_when: false
 """
 
 RETURN = r"""
@@ -189,7 +187,7 @@ def main() -> None:
         module.fail_json(msg=f"could not write the verify report to {params['report_dir']}: {error}")
     table = render_table(report)
     table.append(f"report: {paths['markdown']}")
-    module.exit_json(changed=True, ok=report["ok"], verdict=verdict(report), paths=paths, table=table, msg=table[0])
+    module.exit_json(changed=False, ok=report["ok"], verdict=verdict(report), paths=paths, table=table, msg=table[0])
 
 
 if __name__ == "__main__":

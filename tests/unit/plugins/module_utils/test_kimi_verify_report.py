@@ -16,7 +16,6 @@ from module_utils.kimi_verify_report import (
     render_table,
     utc_timestamp,
     verdict,
-    write_atomic,
     write_report,
 )
 from tests.unit.ansible_adhoc import run_module
@@ -181,16 +180,6 @@ def test_no_latest_copies_and_bad_names(tmp_path):
         write_report(report(), tmp_path, "verify-latest")
 
 
-def test_atomic_write_replaces_and_leaves_nothing_on_failure(tmp_path):
-    target = tmp_path / "a.json"
-    target.write_text("old")
-    write_atomic(target, b"new")
-    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["a.json"]
-    with pytest.raises(OSError):
-        write_atomic(tmp_path / "missing-dir" / "b.json", b"x")
-    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
-
-
 def test_module_writes_even_in_check_mode_and_returns_the_table(tmp_path):
     args = {
         "checks": CHECKS,
@@ -201,7 +190,7 @@ def test_module_writes_even_in_check_mode_and_returns_the_table(tmp_path):
         "basename": "verify-test",
     }
     ok, result = run_module(tmp_path, "kimi_verify_report", args, check=True)
-    assert ok and result["changed"] is True
+    assert ok and result["changed"] is False  # a report is never a change
     assert result["ok"] is False and result["verdict"] == "FAIL (1 check failed, 1 threshold breached)"
     assert result["table"][0] == "verify kimi-k2: FAIL (1 check failed, 1 threshold breached)"
     assert result["table"][-1] == f"report: {tmp_path / 'artifacts' / 'verify-test.md'}"
