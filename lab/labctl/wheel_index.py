@@ -53,10 +53,15 @@ def _file_sha256(path: Path) -> str:
 
 
 def anchor(name: str, wheel_sha256: str, metadata_sha256: str) -> str:
-    """One link: the wheel's own hash in the fragment, its metadata's under both attribute names pip reads."""
+    """One link: the wheel's own hash in the fragment, its metadata's hash as PEP 714's data-core-metadata.
+
+    Only that name, as PEP 714 asks: pip 22.3-23.1 read the older data-dist-info-metadata and then refuse a
+    wheel whose metadata spells its name otherwise than the requirement (pyyaml against PyYAML:
+    MetadataInconsistent, pip issue 12038, fixed in 23.2). Debian 12's venvs carry pip 23.0.1, so the nodes'
+    installs failed with it; pip 23.2 and later read data-core-metadata, older ones download the wheel.
+    """
     href = html.escape(f"{quote(name)}#sha256={wheel_sha256}")
-    meta = f"sha256={metadata_sha256}"
-    return f'<a href="{href}" data-core-metadata="{meta}" data-dist-info-metadata="{meta}">{html.escape(name)}</a>'
+    return f'<a href="{href}" data-core-metadata="sha256={metadata_sha256}">{html.escape(name)}</a>'
 
 
 def _write_if_changed(path: Path, data: bytes) -> bool:

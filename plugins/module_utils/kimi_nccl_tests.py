@@ -11,6 +11,7 @@ time/algbw/busbw/#wrong, the `Out of bounds values` and `Avg bus bandwidth` foot
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -96,6 +97,7 @@ class LaunchSpec:
     master_port: int = 29611  # nccl_tests_torchrun_master_port (torchrun only)
     allow_run_as_root: bool = False  # mpirun refuses root without --allow-run-as-root
     timeout_s: int = 0  # nccl_tests_timeout: wrap the launcher in timeout(1); 0 runs without a limit
+    json_path: str = ""  # nccl_tests_json_path: nccl-tests' -J file on node rank 0 (mpirun only); empty: none
 
     @property
     def nodes(self) -> int:
@@ -151,6 +153,11 @@ def validate(spec: LaunchSpec) -> list[NcclTestsInputError]:
     for name, value in spec.env.items():
         if not _ENV_NAME.match(name) or "\n" in str(value):
             problems.append(NcclTestsInputError("nccl_tests_extra_env", f"{name}={value!r} is not a usable variable"))
+    if spec.json_path and (not spec.json_path.startswith("/") or not spec.json_path.endswith(".json")):
+        # nccl-tests picks the format from the suffix and writes nothing for any other.
+        problems.append(
+            NcclTestsInputError("nccl_tests_json_path", f"{spec.json_path!r} is not an absolute *.json path")
+        )
     if spec.interface and not re.match(r"^[A-Za-z0-9_.:@-]+$", spec.interface):
         problems.append(
             NcclTestsInputError("nccl_tests_interface", f"{spec.interface!r} is not one interface name (MPI needs one)")
@@ -170,6 +177,8 @@ def _test_args(spec: LaunchSpec) -> list[str]:
     if spec.launcher == "mpirun":
         args += ["-g", str(spec.gpus_per_process)]
     args += ["-n", str(spec.iters), "-w", str(spec.warmup_iters), "-c", str(spec.check_iters)]
+    if spec.launcher == "mpirun" and spec.json_path:
+        args += ["-J", spec.json_path]
     return args + [str(arg) for arg in spec.test_args]
 
 
@@ -230,6 +239,7 @@ def launch_spec(options: Mapping[str, Any]) -> LaunchSpec:
         master_port=options["master_port"],
         allow_run_as_root=options["allow_run_as_root"],
         timeout_s=options["timeout_s"],
+        json_path=options.get("json_path") or "",
     )
 
 
@@ -540,6 +550,97 @@ def parse_output(text: str) -> dict[str, Any]:
     return _summary(state)
 
 
+# ------------------------------------------------------------------------------------------ -J (JSON)
+
+# The JSON nccl-tests writes with -J FILE.json (src/util.cu; JSON_FILE_VERSION 1 from v2.18.5, 2 from v2.19.2,
+# 3 in v2.19.6, each adding keys only): the same table with unrounded doubles, the config, the devices, the
+# footer. Booleans are written as the strings "true"/"false", doubles with printf's %lf, a NaN as "nan".
+JSON_VERSIONS = (1, 2, 3)
+
+
+def _json_double(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    return _number(str(value))
+
+
+def _json_side(side: Any) -> dict[str, Any] | None:
+    if not isinstance(side, dict):
+        return None
+    time_us = _json_double(side.get("time", side.get("cpu_time")))
+    algbw, busbw = _json_double(side.get("alg_bw")), _json_double(side.get("bus_bw"))
+    if time_us is None or algbw is None or busbw is None:
+        return None
+    wrong = _json_double(side.get("nwrong"))
+    return {"time_us": time_us, "algbw": algbw, "busbw": busbw, "wrong": None if wrong is None else int(wrong)}
+
+
+def parse_json_output(text: str) -> dict[str, Any]:
+    """nccl-tests' -J file as the table rows, footer and devices the text parser gives; ValueError when it is
+    not such a file (empty, cut short by a crash, or another version of the format)."""
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"not JSON ({error})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("results"), list):
+        raise ValueError("no 'results' list")
+    if document.get("version") not in JSON_VERSIONS:
+        raise ValueError(f"version {document.get('version')!r}, this parser reads {JSON_VERSIONS}")
+    rows = []
+    for entry in document["results"]:
+        out_of_place, in_place = _json_side(entry.get("out_of_place")), _json_side(entry.get("in_place"))
+        if in_place is None and out_of_place is None:
+            continue
+        root = str(entry.get("root", "-1")).strip()
+        rows.append(
+            {
+                "size": int(entry["size"]),
+                "count": int(entry["count"]),
+                "type": str(entry.get("type", "")).strip(),
+                "redop": str(entry.get("redop", "")).strip(),
+                "root": int(root) if re.match(r"^-?\d+$", root) else -1,
+                "out_of_place": out_of_place,
+                "in_place": in_place,
+            }
+        )
+    bounds = document.get("out_of_bounds") if isinstance(document.get("out_of_bounds"), dict) else {}
+    average = document.get("average_bus_bandwidth") if isinstance(document.get("average_bus_bandwidth"), dict) else {}
+    config = document.get("config") if isinstance(document.get("config"), dict) else {}
+    devices = [d for d in config.get("devices", []) if isinstance(d, dict)]
+    return {
+        "version": document["version"],
+        "nccl_version_code": document.get("nccl_version"),
+        "rows": rows,
+        "out_of_bounds": int(bounds["count"]) if "count" in bounds else None,
+        "avg_busbw": _json_double(average.get("bandwidth")),
+        "devices": devices,
+        "errors": [str(e) for e in document.get("errors", []) if str(e).strip()],
+    }
+
+
+def merge_json(summary: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The text summary with the table, the footer and the NCCL library version taken from the JSON (exact
+    figures); the transport, versions and failures stay the text's (NCCL logs them, not nccl-tests)."""
+    merged = {**summary, "rows": report["rows"], "table_source": "json"}
+    if report["out_of_bounds"] is not None:
+        merged["out_of_bounds"] = report["out_of_bounds"]
+    if report["avg_busbw"] is not None:
+        merged["avg_busbw"] = round(report["avg_busbw"], 4)
+        merged["complete"] = True
+    if report["nccl_version_code"]:
+        merged["nccl_library_version"] = decode_nccl_version(int(report["nccl_version_code"]))
+    merged["failures"] = _unique([*summary["failures"], *(f"# error: {e}" for e in report["errors"])])[:20]
+    if summary["rows"] and len(summary["rows"]) != len(report["rows"]):
+        merged["warnings"] = [
+            *summary["warnings"],
+            f"the printed table has {len(summary['rows'])} sizes, the JSON file {len(report['rows'])}",
+        ][:20]
+    merged.update(_busbw_stats(report["rows"]))
+    return merged
+
+
 def _busbw_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     best: tuple[float, int, str] | None = None
     values = []
@@ -622,6 +723,7 @@ def _summary(state: _State) -> dict[str, Any]:
         "warnings": _unique(state.warnings)[:20],
         "failures": _unique(state.failures)[:20],
         "exit_codes": state.exit_codes,
+        "table_source": "text",
     }
     summary.update(_busbw_stats(state.rows))
     return summary
@@ -779,9 +881,10 @@ def report_lines(summary: dict[str, Any], problems: Sequence[str], min_busbw: fl
     lines.append(f"NCCL {', '.join(versions) or 'version not logged'}; transport {transport}")
     if summary["max_busbw"] is not None:
         avg = f"{summary['avg_busbw']:g} GB/s" if summary["avg_busbw"] is not None else "- (the run did not finish)"
+        source = " (from nccl-tests' JSON file)" if summary.get("table_source") == "json" else ""
         lines.append(
             f"bus bandwidth: avg {avg} over {len(summary['rows'])} sizes; max {summary['max_busbw']:g} GB/s at "
-            f"{_size_text(summary['max_busbw_size'])} ({summary['max_busbw_side'].replace('_', '-')})"
+            f"{_size_text(summary['max_busbw_size'])} ({summary['max_busbw_side'].replace('_', '-')}){source}"
         )
     lines.append(f"#wrong {summary['wrong']}, out of bounds {summary['out_of_bounds']}")
     gate = f"min avg busbw {min_busbw:g} GB/s" if min_busbw else "no busbw floor (report only)"
@@ -804,10 +907,17 @@ def verdict(
     nccl_source: str = "libnccl2",
     expected_ranks: int = 0,
     timeout_s: int = 0,
+    json_text: str = "",
 ) -> dict[str, Any]:
     """What kimi_nccl_tests_result returns: the parsed run, every problem against the gates, the report lines
-    and whether it passed."""
+    and whether it passed. With `json_text` (the -J file) the table's figures come from it; a file that cannot
+    be read leaves the printed table in use and says why among the warnings."""
     summary = parse_output(text)
+    if json_text.strip():
+        try:
+            summary = merge_json(summary, parse_json_output(json_text))
+        except (ValueError, KeyError, TypeError) as error:
+            summary["warnings"] = [*summary["warnings"], f"nccl-tests' JSON file was not used: {error}"][:20]
     problems = judge(
         summary,
         min_busbw_gbs,

@@ -168,7 +168,9 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_checkpoint_node import JobError, progress, repo_files, start_job, stop_stalled
+except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import (
         JobError,
         progress,
@@ -176,8 +178,6 @@ try:  # installed as the kimi.k2 collection
         start_job,
         stop_stalled,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_checkpoint_node import JobError, progress, repo_files, start_job, stop_stalled
 
 
 def main() -> None:

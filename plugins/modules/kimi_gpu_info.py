@@ -90,16 +90,7 @@ busy_descriptions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu import (
-        APPS_QUERY_ARGS,
-        GPU_QUERY_ARGS,
-        NvidiaSmiParseError,
-        describe_busy,
-        gpu_facts,
-    )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan import gpu_preset_for_driver_name
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_gpu import (
         APPS_QUERY_ARGS,
         GPU_QUERY_ARGS,
@@ -108,6 +99,15 @@ except ImportError:  # run from the repository (ansible.cfg: module_utils = plug
         gpu_facts,
     )
     from ansible.module_utils.kimi_plan import gpu_preset_for_driver_name
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu import (
+        APPS_QUERY_ARGS,
+        GPU_QUERY_ARGS,
+        NvidiaSmiParseError,
+        describe_busy,
+        gpu_facts,
+    )
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan import gpu_preset_for_driver_name
 
 EMPTY = dict(
     gpu_count=0,

@@ -53,14 +53,14 @@ from dataclasses import asdict
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_checkpoint import files_from_tree, is_commit_sha, select_files
+except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import (
         files_from_tree,
         is_commit_sha,
         select_files,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_checkpoint import files_from_tree, is_commit_sha, select_files
 
 NEXT_LINK = re.compile(r'<([^>]+)>;\s*rel="next"')
 

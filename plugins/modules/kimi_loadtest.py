@@ -132,8 +132,8 @@ thresholds:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_loadtest import (
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_loadtest import (
         DEFAULT_PROMPT,
         LoadTestConfig,
         Thresholds,
@@ -141,8 +141,8 @@ try:  # installed as the kimi.k2 collection
         run_load_test,
         summary_line,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_loadtest import (
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_loadtest import (
         DEFAULT_PROMPT,
         LoadTestConfig,
         Thresholds,

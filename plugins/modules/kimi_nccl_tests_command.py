@@ -106,6 +106,13 @@ options:
     description: Wrap the launcher in C(timeout --kill-after=30) with this many seconds; 0 runs without a limit.
     type: int
     default: 0
+  json_path:
+    description:
+      - With mpirun, nccl-tests also writes its results as JSON to this absolute C(*.json) path on node rank 0
+        (C(-J)); M(kimi.k2.kimi_nccl_tests_result) reads the figures from it. nccl-tests writes to C(PATH.0),
+        C(PATH.1), ... when the file exists, so remove it before the run. Empty writes none.
+    type: str
+    default: ""
 seealso:
   - module: kimi.k2.kimi_nccl_tests_result
 author:
@@ -183,14 +190,14 @@ variable:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_nccl_tests import NcclTestsInputError, launch_spec, render
+except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
         NcclTestsInputError,
         launch_spec,
         render,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_nccl_tests import NcclTestsInputError, launch_spec, render
 
 ARGUMENT_SPEC = {
     "launcher": {"type": "str", "choices": ["mpirun", "torchrun"], "default": "mpirun"},
@@ -214,6 +221,7 @@ ARGUMENT_SPEC = {
     "master_port": {"type": "int", "default": 29611},
     "allow_run_as_root": {"type": "bool", "default": False},
     "timeout_s": {"type": "int", "default": 0},
+    "json_path": {"type": "str", "default": ""},
 }
 
 

@@ -54,6 +54,14 @@ options:
     description: The time limit the run had (C(nccl_tests_timeout)), named in the message when I(rc) is 124.
     type: int
     default: 0
+  json_text:
+    description:
+      - The file nccl-tests wrote with C(-J) (its JSON format version 2). When given, the table, the footer and
+        the NCCL library version come from it (unrounded figures; C(summary.table_source) is C(json)); the
+        transport and versions still come from NCCL's lines in I(text). A file that cannot be read leaves the
+        printed table in use, with a warning saying why.
+    type: str
+    default: ""
 seealso:
   - module: kimi.k2.kimi_nccl_tests_command
 author:
@@ -108,10 +116,10 @@ passed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import verdict
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_nccl_tests import verdict
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import verdict
 
 ARGUMENT_SPEC = {
     "text": {"type": "str", "required": True},
@@ -123,6 +131,7 @@ ARGUMENT_SPEC = {
     "nccl_source": {"type": "str", "default": "libnccl2"},
     "expected_ranks": {"type": "int", "default": 0},
     "timeout_s": {"type": "int", "default": 0},
+    "json_text": {"type": "str", "default": ""},
 }
 
 
@@ -139,6 +148,7 @@ def main() -> None:
         nccl_source=params["nccl_source"],
         expected_ranks=params["expected_ranks"],
         timeout_s=params["timeout_s"],
+        json_text=params["json_text"],
     )
     if result["problems"]:
         module.fail_json(msg="nccl-tests failed: " + "; ".join(result["problems"]), **result)

@@ -172,7 +172,10 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
+    from ansible.module_utils.kimi_report import write_atomic
+except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import (
         Pins,
         compare,
@@ -181,9 +184,6 @@ try:  # installed as the kimi.k2 collection
         summary_message,
     )
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
-    from ansible.module_utils.kimi_report import write_atomic
 
 PIN_OPTIONS = {
     "deb_pins": "debs",

@@ -191,8 +191,8 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_pinset import (
         DEFAULT_INDEX_URL,
         ResolveSettings,
         describe,
@@ -200,8 +200,8 @@ try:  # installed as the kimi.k2 collection
         pip_preflight,
         resolve_pinset,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_pinset import (
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
         DEFAULT_INDEX_URL,
         ResolveSettings,
         describe,

@@ -186,15 +186,15 @@ table:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_plan import OPTION_DEFAULTS, PlanInputError, plan_from_options, render_text
+except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan import (
         OPTION_DEFAULTS,
         PlanInputError,
         plan_from_options,
         render_text,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_plan import OPTION_DEFAULTS, PlanInputError, plan_from_options, render_text
 
 # Types per option; the defaults are the planner's own (OPTION_DEFAULTS), the ones bin/kimi-plan uses, so the CLI
 # and the play give the same plan for the same inputs.

@@ -84,10 +84,10 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
 
 
 def expectations_from(hosts: dict) -> dict[str, HostExpectation]:

@@ -88,10 +88,10 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import DEFAULT_DEB_PATTERNS, gather
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_stack import DEFAULT_DEB_PATTERNS, gather
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import DEFAULT_DEB_PATTERNS, gather
 
 
 def main() -> None:

@@ -129,8 +129,8 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify_report import (
+try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_verify_report import (
         build_report,
         default_basename,
         render_table,
@@ -138,8 +138,8 @@ try:  # installed as the kimi.k2 collection
         verdict,
         write_report,
     )
-except ImportError:  # run from the repository (ansible.cfg: module_utils = plugins/module_utils)
-    from ansible.module_utils.kimi_verify_report import (
+except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify_report import (
         build_report,
         default_basename,
         render_table,

@@ -48,7 +48,10 @@ def test_check_mode_renders_the_command_and_skips_build_and_run(tmp_path):
     assert "-H 10.20.0.11:8,10.20.0.12:8" in line
     assert "--mca btl_tcp_if_include ib0 --mca oob_tcp_if_include ib0" in line
     assert "-x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET" in line
-    assert line.endswith("build-nccl2.30.7-1+cuda13.3/all_reduce_perf -b 1M -e 4G -f 2 -g 1 -n 20 -w 5 -c 1")
+    assert line.endswith(
+        "build-nccl2.30.7-1+cuda13.3/all_reduce_perf -b 1M -e 4G -f 2 -g 1 -n 20 -w 5 -c 1"
+        " -J /var/lib/kimi-nccl-tests/all_reduce_perf.json"
+    )
     built = messages(result, "Check mode - nothing is downloaded or built")
     assert len(built) == 2 and all(
         m.startswith("Check mode: nccl-tests 2.19.6 is not downloaded or built") for m in built

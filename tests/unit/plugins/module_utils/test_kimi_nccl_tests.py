@@ -6,6 +6,7 @@ kimi_nccl_tests_result modules end to end."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from dataclasses import replace
 
@@ -592,3 +593,75 @@ def test_older_nccl_tests_layout():
     assert summary["ranks"][3]["bus_id"] == "0x1e" and summary["hosts"] == ["dgx-a07"]
     assert summary["rows"][0]["in_place"]["busbw"] == 194.91 and summary["avg_busbw"] == 194.49
     assert summary["nccl_tests_version"] is None and summary["transport"] is None
+
+
+# ---------------------------------------------------------------------------------------------- -J (JSON)
+
+
+def json_fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.json").read_text()
+
+
+def test_mpirun_writes_the_json_file_when_asked_and_torchrun_never():
+    argv = nt.render(replace(MPIRUN, json_path="/var/lib/kimi-nccl-tests/all_reduce_perf.json"))["commands"][TWO[0]]
+    assert argv[-2:] == ["-J", "/var/lib/kimi-nccl-tests/all_reduce_perf.json"]
+    torch = replace(MPIRUN, launcher="torchrun", binary="/opt/bench.py", json_path="/tmp/x.json")
+    assert all("-J" not in argv for argv in nt.render(torch)["commands"].values())
+
+
+@pytest.mark.parametrize("path", ["all_reduce_perf.json", "/var/lib/kimi-nccl-tests/all_reduce_perf.txt"])
+def test_a_json_path_nccl_tests_would_not_write_is_refused(path):
+    with pytest.raises(nt.NcclTestsInputError) as raised:
+        nt.render(replace(MPIRUN, json_path=path))
+    assert raised.value.variable == "nccl_tests_json_path"
+
+
+def test_the_json_file_gives_the_same_table_as_the_printed_one(ib):
+    report = nt.parse_json_output(json_fixture("ib-2x8-h100-gdrdma"))
+    assert report["version"] == 3 and report["nccl_version_code"] == 23007
+    assert [row["size"] for row in report["rows"]] == SIZES
+    assert report["rows"] == ib["rows"]
+    assert report["out_of_bounds"] == 0 and report["avg_busbw"] == 275.615
+    assert len(report["devices"]) == 16 and report["devices"][8]["hostname"] == "gn-h100-node2"
+
+
+def test_the_verdict_reads_the_figures_from_the_json_file_and_the_transport_from_the_log():
+    exact = json_fixture("ib-2x8-h100-gdrdma").replace('"bandwidth":275.615000', '"bandwidth":275.614871')
+    result = nt.verdict(fixture("ib-2x8-h100-gdrdma"), 0, require_transport="IB", json_text=exact)
+    summary = result["summary"]
+    assert result["passed"] is True and summary["table_source"] == "json"
+    assert summary["avg_busbw"] == 275.6149 and summary["transport"] == "IB" and summary["gdrdma"] is True
+    assert summary["nccl_library_version"] == "2.30.7"
+    assert result["report"][2].endswith("(from nccl-tests' JSON file)")
+
+
+def test_wrong_data_in_the_json_file_fails_the_run_even_if_the_printed_table_was_lost():
+    document = json.loads(json_fixture("ib-2x8-h100-gdrdma"))
+    document["results"][8]["in_place"]["nwrong"] = "1048576.000000"
+    document["out_of_bounds"] = {"count": 4, "okay": "false"}
+    log = "\n".join(line for line in fixture("ib-2x8-h100-gdrdma").splitlines() if not line[:1].isspace())
+    result = nt.verdict(log, 0, json_text=json.dumps(document))
+    assert result["passed"] is False
+    assert "1048576 wrong elements at sizes 256 MiB (Out of bounds values: 4)" in result["problems"][0]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('{"version":3,"results":[{"size":1', "not JSON"),
+        ('{"version":9,"results":[]}', "version 9"),
+        ('{"version":3}', "no 'results' list"),
+    ],
+)
+def test_a_json_file_that_cannot_be_read_leaves_the_printed_table_in_use_and_says_why(text, reason):
+    result = nt.verdict(fixture("ib-2x8-h100-gdrdma"), 0, json_text=text)
+    summary = result["summary"]
+    assert summary["table_source"] == "text" and summary["avg_busbw"] == 275.615 and result["passed"] is True
+    assert any(w.startswith("nccl-tests' JSON file was not used: ") and reason in w for w in summary["warnings"])
+
+
+def test_the_result_module_takes_the_json_file(tmp_path):
+    args = {"text": fixture("ib-2x8-h100-gdrdma"), "rc": 0, "json_text": json_fixture("ib-2x8-h100-gdrdma")}
+    ok, result = run_module(tmp_path, "kimi_nccl_tests_result", args)
+    assert ok, result
+    assert result["summary"]["table_source"] == "json" and result["summary"]["avg_busbw"] == 275.615
