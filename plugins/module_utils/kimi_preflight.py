@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kimi_node import matches_any
-from .kimi_plan import PlanInputError, find_gpu, find_model
+from .kimi_presets import PlanInputError, find_gpu, find_model
 
 GIB = 1024**3
 MIB = 1024**2

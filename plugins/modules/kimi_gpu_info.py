@@ -98,7 +98,7 @@ try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code,
         describe_busy,
         gpu_facts,
     )
-    from ansible.module_utils.kimi_plan import gpu_preset_for_driver_name
+    from ansible.module_utils.kimi_presets import gpu_preset_for_driver_name
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu import (
         APPS_QUERY_ARGS,
@@ -107,7 +107,7 @@ except ImportError:  # installed as the kimi.k2 collection
         describe_busy,
         gpu_facts,
     )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan import gpu_preset_for_driver_name
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import gpu_preset_for_driver_name
 
 EMPTY = dict(
     gpu_count=0,

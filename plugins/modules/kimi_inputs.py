@@ -17,7 +17,7 @@ description:
   - Types and choices are the roles' argument specs' job; the kimi role validates what the inventory sets for
     each phase role against that role's spec before calling this module.
   - Written by hand because no Ansible or Hub library judges these project-specific relations; version syntax
-    comes from C(packaging), presets from the planner (plugins/module_utils/kimi_plan.py).
+    comes from C(packaging), presets from the planner (plugins/module_utils/kimi_presets.py).
   - Changes nothing; supports check mode.
 options:
   hosts:

@@ -48,8 +48,7 @@ def test_the_page_names_each_wheel_with_its_hash_and_its_metadata_hash(tmp_path)
     assert b"Requires-Dist: baz>=2" in metadata
     page = (tmp_path / "index.html").read_text()
     wanted = (
-        f'<a href="{wheel.name}#sha256={sha256(wheel.read_bytes())}" '
-        f'data-core-metadata="sha256={sha256(metadata)}">'
+        f'<a href="{wheel.name}#sha256={sha256(wheel.read_bytes())}" data-core-metadata="sha256={sha256(metadata)}">'
     )
     assert wanted in page
     # The pre-PEP 714 name makes Debian 12's pip 23.0.1 refuse PyYAML-style names (see anchor()).

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from module_utils import kimi_gpu as kg
-from module_utils import kimi_plan as kp
+from module_utils import kimi_presets as presets
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
 
@@ -41,15 +41,15 @@ def test_h100_node_idle():
 
 def test_h100_memory_matches_the_planner_preset():
     for gpu in facts("h100-80gb-hbm3-x8")["gpus"]:
-        preset = kp.gpu_preset_for_driver_name(gpu["name"])
+        preset = presets.gpu_preset_for_driver_name(gpu["name"])
         assert preset is not None and preset.memory_mib == gpu["memory_total_mib"]
 
 
 def test_h200_node_matches_the_planner_preset():
     result = facts("h200-x8")
     assert [gpu["index"] for gpu in result["gpus"]] == list(range(8))
-    assert {gpu["memory_total_mib"] for gpu in result["gpus"]} == {kp.GPU_PRESETS["h200"].memory_mib}
-    assert kp.gpu_preset_for_driver_name(result["gpu_names"][0]).key == "h200"
+    assert {gpu["memory_total_mib"] for gpu in result["gpus"]} == {presets.GPU_PRESETS["h200"].memory_mib}
+    assert presets.gpu_preset_for_driver_name(result["gpu_names"][0]).key == "h200"
 
 
 def test_busy_gpus_name_the_pids():

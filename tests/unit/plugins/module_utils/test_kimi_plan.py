@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from module_utils import kimi_plan as kp
+from module_utils import kimi_plan_options as plan_options
+from module_utils import kimi_presets as presets
 from tests import paths
 
 GIB = 1024**3
 FIXTURES = paths.FIXTURES
 # The miniature model config the lab serves (lab/mirrors/hf/config.json, committed in the repository).
 LAB_MINI_CONFIG = paths.REPO_ROOT / "lab" / "mirrors" / "hf" / "config.json"
-K27 = kp.MODEL_PRESETS["Kimi-K2.7-Code"]
-K2_INSTRUCT = kp.MODEL_PRESETS["Kimi-K2-Instruct"]
-LAB_MINI = kp.MODEL_PRESETS["lab-mini"]
+K27 = presets.MODEL_PRESETS["Kimi-K2.7-Code"]
+K2_INSTRUCT = presets.MODEL_PRESETS["Kimi-K2-Instruct"]
+LAB_MINI = presets.MODEL_PRESETS["lab-mini"]
 # The 2-layer miniature the lab's first vLLM figures were measured with (465,920 and 931,968 tokens): its config as it
 # was then, kept as the record of that measurement. The lab now serves 4 layers (lab/mirrors/hf/config.json).
 LAB_MINI_2_LAYERS_MEASURED = FIXTURES / "lab-mini-2-layers-measured" / "config.json"
-LAB_MINI_2_LAYERS = kp.replace(LAB_MINI, num_hidden_layers=2)
+LAB_MINI_2_LAYERS = replace(LAB_MINI, num_hidden_layers=2)
 
 # The RTX PRO 6000 guide: Kimi-K2.7-Code on eight RTX PRO 6000 Server Edition, its users-per-card rule (0.90 x
 # the 95.6 GiB the driver reports - 3 GiB) and the checkpoint's 595,177,988,208 bytes spread over the eight cards.
@@ -56,7 +59,7 @@ LAB_MEASURED = {**LAB, "model": str(LAB_MINI_2_LAYERS_MEASURED)}
 
 
 def plan(**options):
-    return kp.plan_from_options(options)
+    return plan_options.plan_from_options(options)
 
 
 # --- MLA KV bytes per token per layer = (kv_lora_rank + qk_rope_head_dim) x dtype bytes -----------------------
@@ -71,7 +74,7 @@ def test_mla_kv_bytes_per_token_per_layer():
 
 
 def test_kv_bytes_follow_the_config_not_the_head_count():
-    other = kp.model_from_config({**json.loads(LAB_MINI_CONFIG.read_text()), "kv_lora_rank": 256}, "x")
+    other = presets.model_from_config({**json.loads(LAB_MINI_CONFIG.read_text()), "kv_lora_rank": 256}, "x")
     assert kp.kv_bytes_per_token_per_layer(other, "bf16") == (256 + 64) * 2
 
 
@@ -99,7 +102,7 @@ def test_pp_partition_matches_vllm_get_pp_indices():
 
 
 def test_pp_partition_override_must_cover_the_layers():
-    with pytest.raises(kp.PlanInputError) as error:
+    with pytest.raises(presets.PlanInputError) as error:
         kp.pp_partition(61, 2, override=[30, 30])
     assert error.value.flag == "--pp-layer-partition"
 
@@ -124,8 +127,8 @@ def test_pp_layer_partition_override_moves_the_limit():
 
 
 def test_measured_2_layer_config_is_the_preset_with_2_layers():
-    from_file = kp.load_model_config(LAB_MINI_2_LAYERS_MEASURED, "lab-mini")
-    assert kp.replace(from_file, source=LAB_MINI.source) == LAB_MINI_2_LAYERS
+    from_file = presets.load_model_config(LAB_MINI_2_LAYERS_MEASURED, "lab-mini")
+    assert replace(from_file, source=LAB_MINI.source) == LAB_MINI_2_LAYERS
 
 
 def test_lab_figure_one_gib_miniature_model_block_128():
@@ -225,7 +228,7 @@ def test_int4_routed_expert_bytes():
     # gate and up [2048, 7168], down [7168, 2048]: int4 packed (0.5 B) + one BF16 scale per 32 inputs.
     gate = 2048 * 7168 // 2 + 2048 * (7168 // 32) * 2
     down = 7168 * 2048 // 2 + 7168 * (2048 // 32) * 2
-    fmt = kp.K2_INT4.format_for("model.layers.1.mlp.experts.0.gate_proj")
+    fmt = presets.K2_INT4.format_for("model.layers.1.mlp.experts.0.gate_proj")
     assert fmt.linear_bytes(2048, 7168) == gate == 8_257_536
     assert 2 * gate + down == 24_772_608
     assert (2 * gate + down) / (3 * 2048 * 7168) == pytest.approx(0.5625)
@@ -233,7 +236,7 @@ def test_int4_routed_expert_bytes():
 
 def test_fp8_block_expert_bytes():
     # one byte per weight plus one fp32 scale per 128 x 128 block: 16 x 56 blocks.
-    fmt = kp.K2_FP8.format_for("model.layers.1.mlp.experts.0.gate_proj")
+    fmt = presets.K2_FP8.format_for("model.layers.1.mlp.experts.0.gate_proj")
     assert fmt.linear_bytes(2048, 7168) == 2048 * 7168 + 16 * 56 * 4 == 14_683_648
 
 
@@ -448,7 +451,7 @@ def test_greennode_guide_shape_per_gpu_is_not_pooled():
 
 @pytest.mark.parametrize("name", ["Kimi-K2-Instruct", "Kimi-K2-Instruct-0905", "Kimi-K2-Thinking", "Kimi-K2.7-Code"])
 def test_kimi_presets_share_the_k2_architecture(name):
-    spec = kp.MODEL_PRESETS[name]
+    spec = presets.MODEL_PRESETS[name]
     assert (spec.num_hidden_layers, spec.first_k_dense_replace, spec.hidden_size) == (61, 1, 7168)
     assert (spec.n_routed_experts, spec.n_shared_experts, spec.moe_intermediate_size) == (384, 1, 2048)
     assert (spec.intermediate_size, spec.q_lora_rank, spec.kv_lora_rank) == (18432, 1536, 512)
@@ -460,7 +463,7 @@ def test_quantization_of_the_presets():
     assert K2_INSTRUCT.quantization.format_for("model.layers.5.self_attn.q_b_proj").kind == "fp8_block"
     assert K2_INSTRUCT.quantization.format_for("lm_head").kind == "bf16"
     for name in ("Kimi-K2-Thinking", "Kimi-K2.7-Code"):
-        q = kp.MODEL_PRESETS[name].quantization
+        q = presets.MODEL_PRESETS[name].quantization
         assert q.format_for("model.layers.5.mlp.experts.7.down_proj").kind == "int_group"
         for module in (
             "model.layers.5.self_attn.kv_b_proj",
@@ -472,8 +475,8 @@ def test_quantization_of_the_presets():
 
 
 def test_lab_mini_equals_the_reference_config():
-    from_file = kp.load_model_config(LAB_MINI_CONFIG, "lab-mini")
-    assert kp.replace(from_file, source=LAB_MINI.source) == LAB_MINI
+    from_file = presets.load_model_config(LAB_MINI_CONFIG, "lab-mini")
+    assert replace(from_file, source=LAB_MINI.source) == LAB_MINI
 
 
 def test_model_path_is_accepted(tmp_path):
@@ -498,16 +501,16 @@ def test_config_with_text_config_and_compressed_tensors():
             },
         },
     }
-    spec = kp.model_from_config(config, "nested")
+    spec = presets.model_from_config(config, "nested")
     assert spec.num_hidden_layers == 4
-    assert spec.vision_params == kp.MOONVIT_PARAMS
+    assert spec.vision_params == presets.MOONVIT_PARAMS
     assert spec.quantization.format_for("model.layers.1.mlp.experts.3.up_proj").group_size == 32
     assert spec.quantization.format_for("model.layers.1.self_attn.o_proj").kind == "bf16"
 
 
 def test_unsupported_quantization_is_refused():
     with pytest.raises(ValueError, match="unsupported quant_method"):
-        kp.quantization_from_config({"quantization_config": {"quant_method": "awq"}})
+        presets.quantization_from_config({"quantization_config": {"quant_method": "awq"}})
 
 
 @pytest.mark.parametrize(
@@ -523,13 +526,13 @@ def test_unsupported_quantization_is_refused():
     ],
 )
 def test_gpu_presets_hold_what_the_driver_reports(name, mib):
-    spec = kp.find_gpu(name)
+    spec = presets.find_gpu(name)
     assert spec.memory_mib == mib
     assert spec.source
 
 
 def test_cpu_pseudo_gpu_needs_its_memory():
-    with pytest.raises(kp.PlanInputError) as error:
+    with pytest.raises(presets.PlanInputError) as error:
         plan(model="lab-mini", gpu="cpu")
     assert error.value.flag == "--gpu-memory-gib"
     result = plan(model="lab-mini", gpu="cpu", gpu_memory_gib=8, gpu_memory_utilization=0.3, reserve_gib=0)
@@ -537,9 +540,9 @@ def test_cpu_pseudo_gpu_needs_its_memory():
 
 
 def test_driver_name_lookup():
-    assert kp.gpu_preset_for_driver_name("NVIDIA H200").key == "h200"
-    assert kp.gpu_preset_for_driver_name("NVIDIA H200 NVL").key == "h200-nvl"
-    assert kp.gpu_preset_for_driver_name("NVIDIA A100-SXM4-80GB") is None
+    assert presets.gpu_preset_for_driver_name("NVIDIA H200").key == "h200"
+    assert presets.gpu_preset_for_driver_name("NVIDIA H200 NVL").key == "h200-nvl"
+    assert presets.gpu_preset_for_driver_name("NVIDIA A100-SXM4-80GB") is None
 
 
 # --- option validation ---------------------------------------------------------------------------------------------
@@ -562,6 +565,6 @@ def test_driver_name_lookup():
     ],
 )
 def test_bad_options_name_the_flag(options, flag):
-    with pytest.raises(kp.PlanInputError) as error:
+    with pytest.raises(presets.PlanInputError) as error:
         plan(**{"gpu": "h200", **options})
     assert error.value.flag == flag

@@ -1,0 +1,79 @@
+"""bin/kimi-plan: the command line over the planner's options (exit 0 fits, 1 does not fit, 2 bad flags)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .kimi_plan_options import plan_from_options
+from .kimi_plan_render import render_text
+from .kimi_presets import GPU_PRESETS, MODEL_PRESETS, PlanInputError
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI (bin/kimi-plan)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the flag, exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog=prog,
+        description="Per-GPU memory plan for vLLM serving a Kimi K2-family checkpoint. Exit 0: fits; "
+        "1: does not fit; 2: bad flags.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--model", help=f"preset ({', '.join(MODEL_PRESETS)}) or path to config.json")
+    parser.add_argument("--weights-bytes", help="checkpoint bytes, spread evenly over the tp x pp GPUs")
+    parser.add_argument("--params", help="parameter count (with --weight-bytes-per-param, --weight-overhead)")
+    parser.add_argument("--weight-bytes-per-param", help="bytes per parameter for --params")
+    parser.add_argument("--weight-overhead", help="multiplier for --params (default 1)")
+    parser.add_argument("--gpu", help=f"GPU preset ({', '.join(GPU_PRESETS)})")
+    parser.add_argument("--gpu-memory-gib", help="memory per GPU the driver reports, GiB (overrides --gpu's)")
+    parser.add_argument("--gpus-per-node", help="GPUs per node (default 8, cpu: 1)")
+    parser.add_argument("--nodes", help="nodes; when given, tp x pp x dp must equal nodes x gpus-per-node")
+    parser.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization (default 0.9)")
+    parser.add_argument(
+        "--reserve-gib",
+        help="GiB per GPU kept back from the budget (default 0, as the roles; the RTX PRO 6000 guide keeps 3)",
+    )
+    parser.add_argument("--kv-cache-gib-per-gpu", help="measured KV budget per GPU, replaces the computed one")
+    parser.add_argument("--tp", help="tensor parallel size (default 1)")
+    parser.add_argument("--pp", help="pipeline parallel size (default 1)")
+    parser.add_argument("--dp", help="data parallel size (default 1)")
+    parser.add_argument("--dcp", help="decode context parallel size, divides tp (default 1)")
+    parser.add_argument("--enable-expert-parallel", action="store_true", help="shard routed experts (EP = tp x dp)")
+    parser.add_argument("--kv-cache-dtype", help="bf16 (default) or fp8")
+    parser.add_argument("--max-model-len", help="tokens per sequence (default: the model's maximum)")
+    parser.add_argument("--block-size", help="KV block size (default 16; cpu: 128)")
+    parser.add_argument("--pp-layer-partition", help="layers per stage as VLLM_PP_LAYER_PARTITION, e.g. 31,30")
+    parser.add_argument("--language-model-only", action="store_true", help="leave the vision encoder out")
+    parser.add_argument(
+        "--pooled", action="store_true", help="the GreenNode guide's pooled arithmetic (not what vLLM does)"
+    )
+    return parser
+
+
+def cli_main(argv: Sequence[str] | None = None, prog: str = "kimi-plan") -> int:
+    """Run the CLI; returns the exit status (0 fits, 1 does not fit, 2 bad flags)."""
+    parser = build_arg_parser(prog)
+    args = vars(parser.parse_args(argv))
+    as_json = args.pop("json")
+    options = {key: value for key, value in args.items() if value not in (None, False)}
+    try:
+        plan = plan_from_options(options)
+    except PlanInputError as exc:
+        sys.stderr.write(f"{prog}: error: argument {exc.flag}: {exc.message}\n")
+        return 2
+    if as_json:
+        sys.stdout.write(json.dumps(plan, sort_keys=False) + "\n")
+    else:
+        sys.stdout.write(render_text(plan) + "\n")
+    return 0 if plan["fits"] else 1
