@@ -76,6 +76,9 @@ molecule: lab-build ## Every role's Molecule scenario, on one lab booted once fo
 	@unlisted=$$(for d in molecule/*/molecule.yml; do n=$$(basename $$(dirname $$d)); \
 		case " $(MOLECULE_SCENARIOS) " in *" $$n "*) ;; *) echo $$n;; esac; done); \
 	if [ -n "$$unlisted" ]; then echo "Makefile: add $$unlisted to MOLECULE_SCENARIOS" >&2; exit 2; fi
+	@# Each scenario's state (created, prepared) belongs to the lab of an earlier run: a stale "prepared" would skip
+	@# vllm_serve's prepare on these fresh nodes.
+	@rm -rf $(CURDIR)/.ansible/molecule
 	@$(PY) $(LAB) up $(MOLECULE_NODES); status=0; \
 	for scenario in $(MOLECULE_SCENARIOS); do \
 		echo "== molecule test -s $$scenario"; started=$$(date +%s); \
