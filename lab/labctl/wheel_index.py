@@ -18,6 +18,8 @@ import zipfile
 from pathlib import Path
 from urllib.parse import quote
 
+from ._cache import sha256_file
+
 INDEX_PAGE = "index.html"
 SUMS = "SHA256SUMS"
 
@@ -42,14 +44,6 @@ def known_sums(wheelhouse: Path) -> dict[str, str]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def anchor(name: str, wheel_sha256: str, metadata_sha256: str) -> str:
@@ -86,7 +80,7 @@ def ensure(wheelhouse: Path) -> bool:
     for wheel in sorted(wheelhouse.glob("*.whl")):
         metadata = wheel_metadata(wheel)
         changed |= _write_if_changed(wheelhouse / f"{wheel.name}.metadata", metadata)
-        links.append(anchor(wheel.name, sums.get(wheel.name) or _file_sha256(wheel), _sha256(metadata)))
+        links.append(anchor(wheel.name, sums.get(wheel.name) or sha256_file(wheel), _sha256(metadata)))
     page = "<!DOCTYPE html>\n<html><head><title>kimi-lab wheelhouse</title></head><body>\n"
     page += "".join(f"{link}<br>\n" for link in links) + "</body></html>\n"
     return _write_if_changed(wheelhouse / INDEX_PAGE, page.encode()) or changed
