@@ -104,6 +104,7 @@ class FakeOpenAI:
                 with fake.lock:
                     fake.in_flight += 1
                     fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                self.counted = True
                 try:
                     if body.get("stream"):
                         self._stream(fake.next_plan())
@@ -113,8 +114,16 @@ class FakeOpenAI:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
                 finally:
-                    with fake.lock:
+                    self._leave_flight()
+
+            def _leave_flight(self) -> None:
+                # A client that stops reading at [DONE] may send its next request before this thread reaches
+                # `finally`, so a stream leaves the count just before its last line goes out: two requests of one
+                # client worker are then never counted at once.
+                with fake.lock:
+                    if self.counted:
                         fake.in_flight -= 1
+                        self.counted = False
 
             def _send(self, status: int, data: bytes) -> None:
                 self.send_response(status)
@@ -147,6 +156,7 @@ class FakeOpenAI:
                     usage = {"prompt_tokens": 20, "completion_tokens": count, "total_tokens": 20 + count}
                     self.wfile.write(chunk(None, usage))
                 if plan.done:
+                    self._leave_flight()
                     self.wfile.write(b"data: [DONE]\n\n")
 
         return Handler
