@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from .kimi_layout import LAYOUTS
 from .kimi_presets import PlanInputError, find_gpu, find_model
-from .kimi_serve import LAYOUTS
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
 PHASES = ("preflight", "stack", "parity", "checkpoint", "serve", "verify")

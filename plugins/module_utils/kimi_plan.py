@@ -4,9 +4,10 @@ It computes what vLLM will allocate on each GPU of a layout (tp, pp, dp, dcp, ex
 pooled memory of all GPUs would allow: under tensor parallelism vLLM keeps the whole MLA latent KV cache on every
 TP rank, so pooling all GPUs' memory overstates the KV tokens by the TP factor (docs/planner.md).
 
-This file is the arithmetic. The presets (models, GPUs) are in kimi_presets.py, the options shared by
-bin/kimi-plan and the kimi_plan module in kimi_plan_options.py, the text in kimi_plan_render.py and the command
-line in kimi_plan_cli.py. Stdlib only and free of Ansible imports. Every rule carries a comment naming the
+This file is the arithmetic. The layout's rules (shared with the inventory check and the serve argv) are in
+kimi_layout.py, the presets (models, GPUs) in kimi_presets.py, the options shared by bin/kimi-plan and the
+kimi_plan module in kimi_plan_options.py, the text in kimi_plan_render.py and the command line in
+kimi_plan_cli.py. Stdlib only and free of Ansible imports. Every rule carries a comment naming the
 vLLM source or document it follows; the numbers behind each preset name their source too.
 """
 
@@ -17,10 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .kimi_layout import GPU_COUNT, Layout, layout_problems
 from .kimi_presets import BF16_BYTES, FP32_BYTES, GIB, UNQUANTIZED, GpuSpec, ModelSpec, PlanInputError, WeightFormat
 
 # ---------------------------------------------------------------------------------------------------------
-# Layout rules
+# How vLLM splits the layers over pipeline stages and pages the KV cache
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -231,57 +233,6 @@ def checkpoint_weight_bytes(model: ModelSpec, *, include_vision: bool = True) ->
     return sum(value for key, value in components.items() if key != "mla_absorbed_bf16")
 
 
-def layout_problems(model: ModelSpec, tp: int, pp: int, dp: int, dcp: int, expert_parallel: bool) -> list[str]:
-    """Layout rules vLLM enforces at start-up, as reasons the plan cannot run."""
-    problems = []
-    if tp % dcp:
-        # vLLM: decode_context_parallel_size must divide tensor_parallel_size (DCP reuses the TP group).
-        problems.append(f"DCP {dcp} does not divide TP {tp}: vLLM requires tp % dcp == 0")
-    if model.num_attention_heads % tp:
-        problems.append(
-            f"TP {tp} does not divide the {model.num_attention_heads} attention heads: vLLM refuses the layout"
-        )
-    if pp > model.num_hidden_layers:
-        problems.append(f"PP {pp} exceeds the {model.num_hidden_layers} layers of {model.name}")
-    group = tp * dp
-    if model.n_routed_experts and expert_parallel and group > model.n_routed_experts:
-        problems.append(f"EP size {group} exceeds the {model.n_routed_experts} routed experts")
-    if model.n_routed_experts:
-        problems.extend(_moe_tp_shard_problems(model, tp, group, expert_parallel))
-    return problems
-
-
-def _moe_tp_shard_problems(model: ModelSpec, tp: int, group: int, expert_parallel: bool) -> list[str]:
-    # Each routed expert's intermediate dimension is split over tp x dp ranks unless expert parallelism keeps the
-    # experts whole; the shared expert's is always split over tp. A shard must be whole and hold whole
-    # quantization blocks or groups, or vLLM's weight loader refuses it (block FP8: "not divisible by weight
-    # quantization block").
-    checks = [("shared expert's", "model.layers.1.mlp.shared_experts.down_proj", tp, "use a smaller TP")]
-    if not expert_parallel:
-        checks.insert(
-            0,
-            (
-                "routed experts'",
-                "model.layers.1.mlp.experts.0.down_proj",
-                group,
-                "use --enable-expert-parallel or a smaller TP x DP",
-            ),
-        )
-    problems = []
-    total = model.moe_intermediate_size
-    for what, name, ranks, advice in checks:
-        fmt = model.quantization.format_for(name)
-        unit = fmt.block[1] if fmt.kind == "fp8_block" else fmt.group_size if fmt.kind == "int_group" else 1
-        if total % ranks or (total // ranks) % unit:
-            kind = "block" if fmt.kind == "fp8_block" else "group"
-            detail = f", not a multiple of the {unit}-wide quantization {kind}" if unit > 1 else ""
-            problems.append(
-                f"{ranks} ranks would each hold {total / ranks:g} of the {what} {total} intermediate columns"
-                f"{detail}; {advice}"
-            )
-    return problems
-
-
 # ---------------------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------------------
@@ -371,8 +322,12 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
     """The per-GPU plan: weights, KV budget and tokens per stage, the deployment's concurrency, and why it
     does or does not fit."""
     model = inputs.model
-    layout = layout_problems(model, inputs.tp, inputs.pp, inputs.dp, inputs.dcp, inputs.enable_expert_parallel)
-    reasons = layout + _gpu_count_problems(inputs)
+    layout = Layout(inputs.tp, inputs.pp, inputs.dp, inputs.dcp, inputs.enable_expert_parallel)
+    problems = layout_problems(layout, nodes=inputs.nodes, gpus_per_node=inputs.gpus_per_node, model=model)
+    reasons = [str(problem) for problem in problems]
+    # A broken layout (e.g. more stages than layers, leaving a stage empty) makes every memory figure derived from
+    # it meaningless; nodes that the layout does not cover leave the per-GPU figures as they are.
+    broken = [problem for problem in problems if problem.rule != GPU_COUNT]
     notes: list[str] = []
     usable_gib = None
     if inputs.gpu_memory_gib is not None:
@@ -387,9 +342,7 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
     # vLLM gives every worker the smallest worker's block count, so the stage with the fewest tokens decides
     # (with equal budgets that is the stage with the most layers).
     limiting = min(stages, key=lambda stage: (stage["kv_tokens"], stage["_kv_gib_exact"]))
-    if not layout:
-        # A broken layout (e.g. more stages than layers, leaving a stage empty) makes every memory figure derived
-        # from it meaningless: report the layout alone.
+    if not broken:
         reasons += _memory_problems(inputs, stages, usable_gib)
         reasons += _sequence_problems(inputs, limiting)
     kv_tokens = limiting["kv_tokens"]
@@ -443,18 +396,6 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
 def _sequence_gib_per_gpu(inputs: PlanInputs, num_layers: int) -> float:
     per_token = num_layers * kv_bytes_per_token_per_layer(inputs.model, inputs.kv_cache_dtype)
     return inputs.max_model_len * per_token / inputs.dcp / GIB
-
-
-def _gpu_count_problems(inputs: PlanInputs) -> list[str]:
-    if inputs.nodes is None:
-        return []
-    available = inputs.nodes * inputs.gpus_per_node
-    if inputs.world_size == available:
-        return []
-    return [
-        f"layout needs TP {inputs.tp} x PP {inputs.pp} x DP {inputs.dp} = {inputs.world_size} GPUs, "
-        f"but {inputs.nodes} nodes x {inputs.gpus_per_node} GPUs = {available}"
-    ]
 
 
 def _memory_problems(inputs: PlanInputs, stages: list[dict[str, Any]], usable_gib: float | None) -> list[str]:

@@ -3,7 +3,8 @@
 The order of hosts in the ``kimi_nodes`` group is the node order; ``kimi_node_rank`` on a host overrides its
 rank. vLLM's native multi-node launcher needs every rank 0..N-1 exactly once (``--node-rank``), and rank 0
 serves the API and is the ``--master-addr``: a gap or a duplicate makes the group wait forever for a rank that
-never comes, so both are refused here with the host and variable named.
+never comes, so both are refused here with the host and variable named. The layout's rules (sizes, DCP, the GPU
+count) are kimi_layout.py's, shared with the planner and the serve argv.
 """
 
 from __future__ import annotations
@@ -11,27 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .kimi_layout import GPUS_PER_NODE, Layout, LayoutError, as_int, layout_from_values
+from .kimi_layout import layout_problems as _layout_rules
+
 RANK_VARIABLE = "kimi_node_rank"
 
 
 class TopologyError(ValueError):
     """Inventory input that cannot describe a working cluster; the message names the variable and host."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The parallel layout of one deployment, as vLLM's flags name it."""
-
-    tensor_parallel_size: int
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    decode_context_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-
-    @property
-    def world_size(self) -> int:
-        """GPUs (ranks) the whole deployment occupies."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 
 @dataclass
@@ -66,14 +54,10 @@ class Topology:
 
 def _as_int(value: Any, variable: str, host: str | None = None) -> int:
     """Accept ints and integer strings (inventory INI gives strings); refuse bools, floats and words."""
-    where = f" on host {host}" if host else ""
-    if isinstance(value, bool):
-        raise TopologyError(f"{variable}{where} must be an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    raise TopologyError(f"{variable}{where} must be an integer, got {value!r}")
+    try:
+        return as_int(value, variable, host)
+    except LayoutError as error:
+        raise TopologyError(str(error)) from None
 
 
 def resolve_node_ranks(hosts: list[str], overrides: dict[str, Any]) -> dict[str, int]:
@@ -111,56 +95,31 @@ def resolve_node_ranks(hosts: list[str], overrides: dict[str, Any]) -> dict[str,
     return ranks
 
 
-def build_layout(values: dict[str, Any]) -> Layout:
-    """Layout from the cluster-wide ``kimi_*`` variables, each a positive integer."""
-    sizes = {}
-    for name in (
-        "tensor_parallel_size",
-        "pipeline_parallel_size",
-        "data_parallel_size",
-        "decode_context_parallel_size",
-    ):
-        variable = f"kimi_{name}"
-        size = _as_int(values.get(name, 1), variable)
-        if size < 1:
-            raise TopologyError(f"{variable} must be at least 1, got {size}")
-        sizes[name] = size
-    expert_parallel = values.get("enable_expert_parallel", False)
-    if not isinstance(expert_parallel, bool):
-        raise TopologyError(f"kimi_enable_expert_parallel must be true or false, got {expert_parallel!r}")
-    layout = Layout(enable_expert_parallel=expert_parallel, **sizes)
-    if layout.tensor_parallel_size % layout.decode_context_parallel_size:
-        raise TopologyError(
-            f"kimi_decode_context_parallel_size={layout.decode_context_parallel_size} must divide "
-            f"kimi_tensor_parallel_size={layout.tensor_parallel_size} "
-            "(vLLM splits each TP group into DCP ranks)"
-        )
+def build_layout(values: dict[str, Any], gpus_per_node: int | None = None) -> Layout:
+    """Layout from the cluster-wide ``kimi_*`` variables, each a positive integer, DCP dividing TP
+    (kimi_layout.py's rules; refused here, since the other checks would divide by them)."""
+    try:
+        layout = layout_from_values(values)
+    except LayoutError as error:
+        raise TopologyError(str(error)) from None
+    problems = _layout_rules(layout, gpus_per_node=gpus_per_node)
+    if problems:
+        raise TopologyError("; ".join(map(str, problems)))
     return layout
 
 
 def layout_problems(layout: Layout, node_count: int, gpus_per_node: int) -> list[str]:
-    """Why this layout cannot run on these nodes (empty when it can)."""
-    total = node_count * gpus_per_node
-    if layout.world_size != total:
-        return [
-            f"layout needs {layout.world_size} GPUs "
-            f"(kimi_tensor_parallel_size {layout.tensor_parallel_size} x "
-            f"kimi_pipeline_parallel_size {layout.pipeline_parallel_size} x kimi_data_parallel_size "
-            f"{layout.data_parallel_size}) but kimi_nodes has {node_count} node(s) x kimi_gpus_per_node "
-            f"{gpus_per_node} = {total}"
-        ]
-    return []
+    """Why this layout cannot run on these nodes (empty when it can): kimi_layout.py's rules."""
+    return [str(problem) for problem in _layout_rules(layout, nodes=node_count, gpus_per_node=gpus_per_node)]
 
 
 def resolve_topology(
     hosts: list[str], overrides: dict[str, Any], gpus_per_node: Any, layout_values: dict[str, Any]
 ) -> Topology:
     """Everything the inventory says about node order and layout, validated; problems listed, not raised."""
-    per_node = _as_int(gpus_per_node, "kimi_gpus_per_node")
-    if per_node < 1:
-        raise TopologyError(f"kimi_gpus_per_node must be at least 1, got {per_node}")
+    per_node = _as_int(gpus_per_node, GPUS_PER_NODE)
+    layout = build_layout(layout_values, per_node)
     ranks = resolve_node_ranks(hosts, overrides)
-    layout = build_layout(layout_values)
     by_rank = sorted(ranks, key=ranks.__getitem__)
     return Topology(
         node_ranks=ranks,

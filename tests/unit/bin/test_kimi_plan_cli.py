@@ -123,7 +123,9 @@ def test_more_stages_than_layers_exits_1_naming_only_the_layout():
     lab = ("--model", "lab-mini", "--gpu", "cpu", "--kv-cache-gib-per-gpu", "1", "--max-model-len", "2048")
     rc, plan = kimi_plan_json(*lab, "--block-size", "16", "--pp", "5", "--nodes", "5")
     assert rc == 1
-    assert plan["reasons"] == ["PP 5 exceeds the 4 layers of lab-mini"]
+    assert plan["reasons"] == [
+        "PP 5 exceeds the 4 layers of lab-mini (kimi_pipeline_parallel_size=5 leaves a pipeline stage without layers)"
+    ]
 
 
 @pytest.mark.parametrize(

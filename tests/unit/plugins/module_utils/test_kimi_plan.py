@@ -172,7 +172,10 @@ def test_more_stages_than_layers_is_the_only_reason(pp):
     (0 tokens)")."""
     result = plan(**LAB, pp=pp, nodes=pp, max_model_len=2048, block_size=16)
     assert result["fits"] is False
-    assert result["reasons"] == [f"PP {pp} exceeds the 4 layers of lab-mini"]
+    assert result["reasons"] == [
+        f"PP {pp} exceeds the 4 layers of lab-mini (kimi_pipeline_parallel_size={pp} leaves a pipeline stage "
+        "without layers)"
+    ]
 
 
 # --- DCP divides a sequence's KV over DCP ranks (dcp must divide tp) ------------------------------------------------
@@ -189,7 +192,10 @@ def test_dcp_divides_kv_per_gpu_and_multiplies_tokens():
 def test_dcp_must_divide_tp():
     result = plan(model="Kimi-K2.7-Code", gpu="h200", tp=8, dcp=3, max_model_len=32768)
     assert not result["fits"]
-    assert any("DCP 3 does not divide TP 8" in reason for reason in result["reasons"])
+    assert any(
+        "kimi_decode_context_parallel_size=3 must divide kimi_tensor_parallel_size=8" in reason
+        for reason in result["reasons"]
+    )
 
 
 # --- DP attention gives each DP rank its own KV --------------------------------------------------------------------
@@ -217,7 +223,8 @@ def test_dp_defaults_to_one_and_unused_nodes_are_a_reason():
     assert result["dp"] == 1
     assert result["ep_size"] == 8
     assert not result["fits"]
-    assert "= 8 GPUs, but 2 nodes x 8 GPUs = 16" in result["reasons"][0]
+    assert "layout needs 8 GPUs" in result["reasons"][0]
+    assert "but kimi_nodes has 2 node(s) x kimi_gpus_per_node 8 = 16" in result["reasons"][0]
     assert plan(model="Kimi-K2.7-Code", gpu="h200", tp=8, dp=2, nodes=2, max_model_len=32768)["ep_size"] is None
 
 
@@ -372,7 +379,10 @@ def test_weights_that_do_not_fit_name_both_numbers():
 def test_gpu_count_must_match_the_nodes():
     result = plan(model="Kimi-K2.7-Code", gpu="h100", tp=8, pp=2, dp=1, nodes=3, max_model_len=32768)
     assert not result["fits"]
-    assert "needs TP 8 x PP 2 x DP 1 = 16 GPUs, but 3 nodes x 8 GPUs = 24" in result["reasons"][0]
+    assert result["reasons"][0] == (
+        "layout needs 16 GPUs (kimi_tensor_parallel_size 8 x kimi_pipeline_parallel_size 2 x "
+        "kimi_data_parallel_size 1) but kimi_nodes has 3 node(s) x kimi_gpus_per_node 8 = 24"
+    )
 
 
 # --- the RTX PRO 6000 guide's figures, exactly ---------------------------------------------------------------------
