@@ -29,6 +29,7 @@ from .kimi_checkpoint import (
     read_marker,
 )
 from .kimi_serve import API_UNIT, HEADLESS_UNIT
+from .kimi_systemd import parse_systemctl_show
 
 REPORT_SCHEMA = 1
 # Finding kinds, in the order the report shows them. Each is documented with an example in docs/drift.md.
@@ -567,16 +568,6 @@ def checkpoint_files_state(host: str, files: dict[str, Any] | None, marker_path:
 
 
 # --------------------------------------------------------------------------------------------- service
-
-
-def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
-    """`systemctl show -p Id,LoadState,... A B` output: a block of KEY=VALUE lines per unit, blank-separated."""
-    units: dict[str, dict[str, str]] = {}
-    for block in re.split(r"\n\s*\n", text.strip()):
-        values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if values.get("Id"):
-            units[values["Id"]] = values
-    return units
 
 
 def expected_unit(rank: int | None, layout: str) -> str | None:

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-LAYOUTS = ("mp", "ray", "dp_ep", "single")
+from .kimi_layout import Layout, layout_problems
+from .kimi_systemd import unix_timestamp
+
 API_UNIT = "kimi-vllm.service"
 HEADLESS_UNIT = "kimi-vllm-headless.service"
 # What a unit's name must match for preflight to count its ports as ours.
@@ -20,11 +22,13 @@ UNIT_NAME_PATTERN = re.compile(r"^kimi-[a-z0-9-]+\.service$")
 
 
 class ServeInputError(ValueError):
-    """An input that cannot be served, with the inventory variable to fix."""
+    """An input that cannot be served, with the inventory variable to fix (named in front of the message unless
+    the message names it already, as kimi_layout.py's do)."""
 
-    def __init__(self, variable: str, message: str) -> None:
-        super().__init__(f"{variable}: {message}")
+    def __init__(self, variable: str, message: str, *, named: bool = False) -> None:
+        super().__init__(message if named else f"{variable}: {message}")
         self.variable = variable
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -93,64 +97,17 @@ class NodeCommand:
 
 
 def _layout_problems(spec: ServeSpec) -> list[ServeInputError]:
-    tp, pp, dp, dcp = (
+    """kimi_layout.py's rules for this layout on these nodes: the sizes, DCP, the GPU count, the serving
+    layout's shape."""
+    layout = Layout(
         spec.tensor_parallel_size,
         spec.pipeline_parallel_size,
         spec.data_parallel_size,
         spec.decode_context_parallel_size,
+        spec.enable_expert_parallel,
     )
-    nodes, per_node = spec.nodes, spec.gpus_per_node
-    problems = []
-    if spec.layout not in LAYOUTS:
-        return [ServeInputError("vllm_serve_layout", f"{spec.layout!r} is not one of {', '.join(LAYOUTS)}")]
-    if min(tp, pp, dp, dcp, per_node) < 1:
-        problems.append(ServeInputError("kimi_*_parallel_size", "parallel sizes and GPUs per node must be >= 1"))
-        return problems
-    if tp % dcp:
-        problems.append(
-            ServeInputError("kimi_decode_context_parallel_size", f"{dcp} does not divide tensor parallel {tp}")
-        )
-    if tp * pp * dp != nodes * per_node:
-        problems.append(
-            ServeInputError(
-                "kimi_tensor_parallel_size",
-                f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} GPUs, but {nodes} node(s) x {per_node} "
-                f"(kimi_gpus_per_node) = {nodes * per_node}",
-            )
-        )
-    problems += _layout_shape_problems(spec)
-    return problems
-
-
-def _layout_shape_problems(spec: ServeSpec) -> list[ServeInputError]:
-    tp, pp, dp, per_node, nodes = (
-        spec.tensor_parallel_size,
-        spec.pipeline_parallel_size,
-        spec.data_parallel_size,
-        spec.gpus_per_node,
-        spec.nodes,
-    )
-    layout = spec.layout
-    if layout == "single" and nodes != 1:
-        return [ServeInputError("vllm_serve_layout", f"single runs on one node; kimi_nodes has {nodes}")]
-    if layout in ("mp", "ray", "single") and dp != 1:
-        return [ServeInputError("kimi_data_parallel_size", f"must be 1 for layout {layout} (use dp_ep for DP)")]
-    if layout == "mp" and (tp * pp) % nodes:
-        return [
-            ServeInputError("kimi_tensor_parallel_size", f"tp x pp = {tp * pp} is not split evenly over {nodes} nodes")
-        ]
-    if layout == "dp_ep":
-        if tp * pp > per_node or per_node % (tp * pp):
-            return [
-                ServeInputError(
-                    "kimi_tensor_parallel_size",
-                    f"dp_ep keeps each DP rank inside a node: tp x pp = {tp * pp} must divide kimi_gpus_per_node "
-                    f"{per_node}",
-                )
-            ]
-        if dp < 2:
-            return [ServeInputError("kimi_data_parallel_size", "dp_ep needs a data parallel size of at least 2")]
-    return []
+    problems = layout_problems(layout, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, serve_layout=spec.layout)
+    return [ServeInputError(problem.variables[0], problem.message, named=True) for problem in problems]
 
 
 def _address_problems(spec: ServeSpec) -> list[ServeInputError]:
@@ -415,11 +372,7 @@ def ray_status_problems(status: dict[str, Any], nodes: int, gpus_per_node: int) 
 
 def _start_time(node: dict[str, Any]) -> float | None:
     """The unit's main process start as seconds since the epoch (systemctl show --timestamp=unix: '@N')."""
-    stamp = str(node.get("started_at") or "").strip().lstrip("@")
-    try:
-        return float(stamp) if stamp and float(stamp) > 0 else None
-    except ValueError:
-        return None
+    return unix_timestamp(node.get("started_at"))
 
 
 def _peer(address: str) -> tuple[str, str]:

@@ -80,7 +80,12 @@ def nccl_version_from_code(code: int) -> str:
 
 
 def normalize_dist_name(name: str) -> str:
-    """PEP 503 form, so 'Nvidia_NCCL.cu13' and 'nvidia-nccl-cu13' are one package."""
+    """PEP 503 form, so 'Nvidia_NCCL.cu13' and 'nvidia-nccl-cu13' are one package.
+
+    The nodes' one copy of packaging's canonicalize_name (a node's python3 may lack packaging); kimi_parity
+    reuses it. The controller's filters and kimi_pinset use packaging itself; test_kimi_venv_diff.py checks
+    that both agree.
+    """
     return re.sub(r"[-_.]+", "-", name).lower()
 
 

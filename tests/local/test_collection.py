@@ -118,12 +118,48 @@ def test_the_tarball_holds_the_collection_and_not_the_test_bed(installed):
         "plugins/callback/kimi_phase_failures.py",
         "plugins/action/kimi_checkpoint_job.py",
         "plugins/doc_fragments/attributes.py",
+        "plugins/filter/kimi_pip.py",
+        "plugins/filter/kimi_systemd.py",
         "meta/runtime.yml",
         "site.yml",
     ):
         assert (root / wanted).is_file(), wanted
-    for absent in ("lab", "tests", "molecule", ".venv", "library", "module_utils"):
+    for absent in ("lab", "tests", "molecule", ".venv", "library", "module_utils", "collections"):
         assert not (root / absent).exists(), absent
+
+
+FILTERS_PLAYBOOK = """\
+---
+- name: The filters the collection's roles call, by FQCN, from the installed collection
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Check each filter's answer
+      ansible.builtin.assert:
+        that:
+          - "('Nvidia_NCCL.cu13' | kimi.k2.pep503_name) == 'nvidia-nccl-cu13'"
+          - "(pinset | kimi.k2.venv_differences({}, removed=['TorchVision'])).expected_resolved == {'torch': '1'}"
+          - "('ActiveState=active' | kimi.k2.systemctl_show).ActiveState == 'active'"
+      vars:
+        pinset: {resolved: {torch: '1', torchvision: '2'}, wheel_overrides: {}}
+"""
+
+
+def test_the_roles_filters_resolve_by_fqcn_from_the_installed_collection(project):
+    (project / "filters.yml").write_text(FILTERS_PLAYBOOK)
+    result = run_playbook(
+        project / "filters.yml",
+        project / "inventory",
+        project_dir=project,
+        envvars={
+            "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
+            "ANSIBLE_HOME": str(project / "home"),
+            "ANSIBLE_CALLBACK_PLUGINS": "",
+        },
+        timeout=600,
+    )
+    assert result.rc == 0, result.failure_messages()
 
 
 def test_a_users_playbook_runs_the_role_and_a_module_by_fqcn_in_check_mode(project):
