@@ -19,6 +19,7 @@ KIMI_VARS = yaml.safe_load((ROLES / "kimi" / "vars" / "main.yml").read_text())
 SHARED_LITERALS = {
     KIMI_DEFAULTS["kimi_nccl_env_file"]: "kimi_nccl_env_file",
     KIMI_DEFAULTS["kimi_checkpoint_marker_name"]: "kimi_checkpoint_marker_name",
+    KIMI_DEFAULTS["kimi_vllm_venv_path"]: "kimi_vllm_venv_path",
     API_UNIT: "kimi_vllm_api_unit",
     HEADLESS_UNIT: "kimi_vllm_headless_unit",
 }
@@ -54,3 +55,103 @@ def test_no_role_copies_a_value_the_kimi_role_defines(path):
     assert not ANNOUNCED_IP.search(content), (
         f"{path.relative_to(ROLES)} derives the announced IP: use kimi_announced_ip"
     )
+
+
+# ---------------------------------------------------------------- reading another role's variable
+# A role that reads another role's variable (a name prefixed with that role's directory name) may fall back only
+# on the kimi variable that role's default derives from: `checkpoint_include | default([])` is a copy of the
+# checkpoint role's default and drifts the day that default changes; `checkpoint_include |
+# default(kimi_checkpoint_include)` cannot. The kimi role itself is held to the same rule.
+ROLE_NAMES = sorted(p.name for p in ROLES.iterdir() if p.is_dir())
+# A name (with attributes or subscripts) then `| default(`: the name is the variable read.
+DEFAULTED = re.compile(r"(?<![\w.\]])([A-Za-z_]\w*)((?:\.\w+|\[[^\]]*\])*)\s*\|\s*default\(")
+# What the fallback must be: a kimi_ variable, possibly with attributes or subscripts.
+KIMI_REFERENCE = re.compile(r"kimi_\w+(?:\.\w+|\[[^\]]*\])*")
+
+
+def owning_role(name: str) -> str | None:
+    """The role whose prefix the name carries (the longest: vllm_serve_x is vllm_serve's, not vllm's)."""
+    owners = [role for role in ROLE_NAMES if name.startswith(role + "_")]
+    return max(owners, key=len) if owners else None
+
+
+def first_argument(text: str, start: int) -> str:
+    """The text of the first argument of a call whose '(' ends just before start."""
+    depth, quote = 0, None
+    for index in range(start, len(text)):
+        char = text[index]
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}" and depth:
+            depth -= 1
+        elif char in ")]}" or (char == "," and not depth):
+            return text[start:index]
+    return text[start:]
+
+
+def foreign_fallbacks(role: str, text: str) -> list[str]:
+    """`other_role_var | default(<anything but a kimi_ variable>)` in one role's YAML text."""
+    found = []
+    for match in DEFAULTED.finditer(text):
+        owner = owning_role(match.group(1))
+        if owner in (None, role, "kimi"):
+            continue
+        fallback = " ".join(first_argument(text, match.end()).split())
+        if not KIMI_REFERENCE.fullmatch(fallback):
+            found.append(f"{match.group(1)}{match.group(2)} | default({fallback})")
+    return found
+
+
+def yaml_content(path: Path) -> str:
+    return "\n".join(line.split(" #")[0] for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+
+
+def fallback_files() -> list[Path]:
+    """Every role's defaults, vars, tasks and handlers (the kimi role's included), and the playbooks, which own
+    no variable (a role's `when:` there reads that role's variable too)."""
+    found = [p for folder in ("defaults", "vars", "tasks", "handlers") for p in ROLES.glob(f"*/{folder}/*.yml")]
+    found += [*(paths.REPO_ROOT / "playbooks").glob("*.yml"), paths.REPO_ROOT / "site.yml"]
+    return sorted(found)
+
+
+def reader(path: Path) -> str:
+    """The role a file belongs to ('' for a playbook)."""
+    return path.parts[-3] if path.is_relative_to(ROLES) else ""
+
+
+@pytest.mark.parametrize("path", fallback_files(), ids=lambda p: str(p.relative_to(paths.REPO_ROOT)))
+def test_no_role_falls_back_on_a_copy_of_another_roles_default(path):
+    copies = foreign_fallbacks(reader(path), yaml_content(path))
+    assert not copies, (
+        f"{path.relative_to(paths.REPO_ROOT)} reads another role's variable with a copy of its default: {copies}. "
+        "Define the value once in roles/kimi/defaults/main.yml, derive the owning role's default from it and fall "
+        "back on that kimi_ variable"
+    )
+
+
+@pytest.mark.parametrize(
+    ("role", "text", "expected"),
+    [
+        ("drift", "x: \"{{ parity_venv_path | default('/opt/vllm/current') }}\"", 1),
+        ("drift", 'x: "{{ checkpoint_include | default([]) }}"', 1),
+        ("drift", 'x: "{{ checkpoint_allow_branch | default(false) }}"', 1),
+        ("verify", 'x: "{{ vllm_serve_max_num_seqs | default(0) | int }}"', 1),
+        ("verify", 'x: "{{ vllm_serve_layout | default(none) }}"', 1),
+        ("drift", "x: >-\n  {{ parity_nccl_env | default({'A': kimi_network_interface}) }}", 1),
+        ("drift", "x: \"{{ vllm_serve_health_url\n  | default('http://' ~ kimi_api_port) }}\"", 1),
+        ("drift", "x: \"{{ hostvars[h].vllm_serve_layout | default('mp') }}\"", 0),
+        ("drift", 'x: "{{ parity_venv_path | default(kimi_vllm_venv_path) }}"', 0),
+        ("drift", 'x: "{{ checkpoint_dir | default(kimi_checkpoint_dir) }}"', 0),
+        ("drift", 'x: "{{ drift_health.status | default(-1) }}"', 0),
+        ("vllm_serve", "x: \"{{ vllm_serve_layout | default('mp') }}\"", 0),
+        ("vllm", "x: \"{{ vllm_serve_layout | default('mp') }}\"", 1),
+        ("kimi", 'x: "{{ vllm_serve_language_model_only | default(false) | bool }}"', 1),
+        ("parity", 'x: "{{ kimi_node_rank_resolved | default(0) }}"', 0),
+    ],
+)
+def test_the_fallback_scan_finds_copies_and_only_copies(role, text, expected):
+    assert len(foreign_fallbacks(role, text)) == expected
