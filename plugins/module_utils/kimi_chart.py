@@ -129,7 +129,7 @@ def _columns(records: Sequence[Mapping[str, Any]], width: int) -> list[dict[str,
         ok = [r for r in members if r.get("ok")]
         columns.append(
             {
-                "e2e": max((positive(r.get("e2e_ms")) for r in ok), default=0.0),
+                "e2e": max((positive(r.get("e2el_ms")) for r in ok), default=0.0),
                 "ttft": max((positive(r.get("ttft_ms")) for r in ok), default=0.0),
                 "error": len(ok) < len(members),
                 "failed": len(members) - len(ok),
@@ -171,8 +171,8 @@ def _column_title(column: Mapping[str, Any]) -> str:
     ttft, e2e = format_number(column["ttft"]), format_number(column["e2e"])
     if column["first"] == column["last"]:
         failed = column["error"]
-        return f"request {column['first']}: " + ("failed" if failed else f"TTFT {ttft} ms, E2E {e2e} ms")
-    text = f"requests {column['first']}-{column['last']}: largest TTFT {ttft} ms, largest E2E {e2e} ms"
+        return f"request {column['first']}: " + ("failed" if failed else f"TTFT {ttft} ms, E2EL {e2e} ms")
+    text = f"requests {column['first']}-{column['last']}: largest TTFT {ttft} ms, largest E2EL {e2e} ms"
     return text + (f", {column['failed']} failed" if column["failed"] else "")
 
 
@@ -250,7 +250,7 @@ def _marks(marks: list[tuple[str, float, str]], top: float) -> str:
 def _legend(y: float) -> str:
     parts = []
     x: float = PLOT_LEFT
-    for label, color in (("E2E", E2E_COLOR), ("TTFT", TTFT_COLOR), ("failed request", ERROR_COLOR)):
+    for label, color in (("E2EL", E2E_COLOR), ("TTFT", TTFT_COLOR), ("failed request", ERROR_COLOR)):
         parts.append(element("rect", {"x": x, "y": y, "width": 14, "height": 14, "fill": color}))
         parts.append(_text(x + 20, y + 12, label))
         x += 20 + len(label) * CHAR_WIDTH + 24
@@ -258,9 +258,9 @@ def _legend(y: float) -> str:
 
 
 def figure_rows(summary: Mapping[str, Any]) -> list[list[str]]:
-    """[label, p50, value, p90, value, p99, value] for TTFT, TPOT and E2E."""
+    """[label, p50, value, p90, value, p99, value] for TTFT, TPOT and E2EL (vLLM's names)."""
     rows = []
-    for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("e2e_ms", "E2E ms")):
+    for key, label in (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("e2el_ms", "E2EL ms")):
         figures = summary.get(key) or {}
         row = [label]
         for p in (50, 90, 99):
@@ -271,8 +271,8 @@ def figure_rows(summary: Mapping[str, Any]) -> list[list[str]]:
 
 def throughput_line(summary: Mapping[str, Any]) -> str:
     return (
-        f"output tokens/s: {format_number(summary.get('output_tokens_per_s'))} overall, "
-        f"{format_number(summary.get('output_tokens_per_s_per_request'))} per request"
+        f"output_throughput {format_number(summary.get('output_throughput'))} tok/s, "
+        f"request_throughput {format_number(summary.get('request_throughput'))} req/s"
     )
 
 
@@ -293,21 +293,21 @@ def _figures(summary: Mapping[str, Any], y: float) -> str:
 
 def _subtitle(records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> str:
     """The run in one line; counts the summary lacks are taken from the records."""
-    requests = summary.get("requests", len(records))
-    ok = summary.get("ok", sum(1 for r in records if r.get("ok")))
-    errors = summary.get("errors", sum(1 for r in records if not r.get("ok")))
+    prompts = summary.get("num_prompts", len(records))
+    completed = summary.get("completed", sum(1 for r in records if r.get("ok")))
+    failed = summary.get("failed", sum(1 for r in records if not r.get("ok")))
     return (
-        f"{requests} request{'' if requests == 1 else 's'}, concurrency {summary.get('concurrency', '-')}, "
-        f"max tokens {summary.get('max_tokens', '-')}: {ok} ok, {errors} failed, {summary.get('not_sent', 0)} not sent"
+        f"{prompts} prompt{'' if prompts == 1 else 's'}, max concurrency {summary.get('max_concurrency', '-')}, "
+        f"output {summary.get('output_len', '-')} tokens: {completed} completed, {failed} failed"
     )
 
 
 def _mark_values(summary: Mapping[str, Any], thresholds: Mapping[str, Any]) -> list[tuple[str, float, str]]:
     """The dashed lines to draw: (label, ms, colour) for each p99 and limit that is set and above 0."""
     candidates = (
-        ("E2E p99", (summary.get("e2e_ms") or {}).get("p99"), AXIS),
+        ("E2EL p99", (summary.get("e2el_ms") or {}).get("p99"), AXIS),
         ("TTFT p99", (summary.get("ttft_ms") or {}).get("p99"), TTFT_COLOR),
-        ("E2E limit", thresholds.get("e2e_p99_ms"), LIMIT_COLOR),
+        ("E2EL limit", thresholds.get("e2el_p99_ms"), LIMIT_COLOR),
         ("TTFT limit", thresholds.get("ttft_p99_ms"), LIMIT_COLOR),
     )
     return [(label, positive(value), color) for label, value, color in candidates if positive(value)]
@@ -319,12 +319,12 @@ def latency_chart(
     thresholds: Mapping[str, Any] | None = None,
     title: str = "Verify load test",
 ) -> bytes:
-    """UTF-8 SVG: per-request E2E (light) and TTFT (dark) bars in send order, failed requests marked red under
-    the axis, dashed p99 lines and the TTFT/E2E limits, a legend, and the p50/p90/p99 figures underneath."""
+    """UTF-8 SVG: per-request E2EL (light) and TTFT (dark) bars in send order, failed requests marked red under
+    the axis, dashed p99 lines and the TTFT/E2EL limits, a legend, and the p50/p90/p99 figures underneath."""
     title = " ".join(str(title).split())
     ordered = sorted(records, key=lambda record: record.get("index", 0))
     marks = _mark_values(summary, thresholds or {})
-    highest = max([positive(r.get("e2e_ms")) for r in ordered] + [mark[1] for mark in marks] + [0.0])
+    highest = max([positive(r.get("e2el_ms")) for r in ordered] + [mark[1] for mark in marks] + [0.0])
     top, step = nice_ceiling(highest)
     parts = [
         _text(PLOT_LEFT, 28, title, "title", font_size=16, font_weight="bold"),

@@ -24,7 +24,20 @@ REPORT_KIND = "kimi-verify"
 REPORT_VERSION = 1
 LATEST_BASENAME = "verify-latest"
 TABLE_WIDTH = 110
-METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms/token)"), ("e2e_ms", "E2E (ms)"))
+# vLLM's benchmark's metrics, under its names (plugins/module_utils/kimi_bench.py).
+METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)"))
+STATS = ("mean", "median", "p50", "p90", "p99")
+# A gate (kimi_vllm_bench's option) and the figure its breach names.
+GATE_FIGURES = {
+    "ttft_p99_ms": "ttft_ms.p99",
+    "tpot_p99_ms": "tpot_ms.p99",
+    "itl_p99_ms": "itl_ms.p99",
+    "e2el_p99_ms": "e2el_ms.p99",
+    "max_error_rate": "error_rate",
+    "min_goodput_share": "goodput_share",
+}
+# The check kimi_rank_join's result becomes (rank_join_check).
+RANKS_CHECK = "ranks_joined"
 
 
 def utc_timestamp(now: datetime) -> str:
@@ -62,6 +75,23 @@ def normalise_check(check: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def rank_join_check(result: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The ranks_joined check from kimi_rank_join's registered result (ok, summary, problems, ranks, nccl);
+    None when that task did not run, so a skipped rank check is left out of the report rather than shown."""
+    if not result or result.get("skipped"):
+        return None
+    ok = bool(result.get("ok"))
+    lines = [result.get("summary"), *(result.get("problems") or [])]
+    return {
+        "name": RANKS_CHECK,
+        "status": "pass" if ok else "fail",
+        "passed": ok,
+        "skipped": False,
+        "detail": "; ".join(str(line) for line in lines),
+        "data": {"ranks": result.get("ranks"), "nccl": result.get("nccl")},
+    }
+
+
 def build_report(
     checks: Sequence[Mapping[str, Any]],
     loadtest: Mapping[str, Any] | None,
@@ -72,8 +102,8 @@ def build_report(
     generated_at: str,
     started_at: str | None = None,
 ) -> dict[str, Any]:
-    """The whole report. loadtest: {summary, records, breaches} as plugins/modules/kimi_loadtest.py returns them, or
-    None when no load test ran. ok: no check failed and no threshold was breached."""
+    """The whole report. loadtest: {summary, records, breaches, sweep} as plugins/modules/kimi_vllm_bench.py
+    returns them, or None when no load test ran. ok: no check failed and no threshold was breached."""
     normalised = [normalise_check(check) for check in checks]
     counts = {status: sum(1 for c in normalised if c["status"] == status) for status in ("pass", "fail", "skip")}
     load = None
@@ -82,6 +112,7 @@ def build_report(
             "summary": dict(loadtest.get("summary") or {}),
             "records": [dict(record) for record in loadtest.get("records") or []],
             "breaches": [dict(breach) for breach in loadtest.get("breaches") or []],
+            "sweep": [dict(entry) for entry in loadtest.get("sweep") or []],
             "thresholds": dict(thresholds or {}),
         }
     breaches = load["breaches"] if load else []
@@ -137,37 +168,83 @@ def _markdown_checks(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _run_line(summary: Mapping[str, Any]) -> str:
+    """The run in words: prompts, concurrency, rate, lengths, outcome, duration."""
+    return (
+        f"{summary.get('num_prompts')} prompts of {summary.get('input_len')} tokens, {summary.get('output_len')} "
+        f"output tokens each, at most {summary.get('max_concurrency')} in flight, request rate "
+        f"{summary.get('request_rate')}: {summary.get('completed')} completed, {summary.get('failed')} failed, "
+        f"in {_figure(summary.get('duration'))} s"
+    )
+
+
+def _throughput_line(summary: Mapping[str, Any]) -> str:
+    goodput = summary.get("request_goodput")
+    return (
+        f"request_throughput {_figure(summary.get('request_throughput'))} req/s, output_throughput "
+        f"{_figure(summary.get('output_throughput'))} tok/s, total_token_throughput "
+        f"{_figure(summary.get('total_token_throughput'))} tok/s"
+        + (
+            f", request_goodput {_figure(goodput)} req/s ({_share(summary.get('goodput_share'))} of the prompts)"
+            if goodput is not None
+            else ""
+        )
+    )
+
+
+def _share(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.0%}"
+
+
 def _markdown_loadtest(load: Mapping[str, Any], chart_name: str | None) -> list[str]:
     summary = load["summary"]
+    if not summary:
+        lines = ["## Load test (vllm bench serve)", "", "The benchmark did not produce a result."]
+        return lines + _markdown_thresholds(load)
     lines = [
-        "## Load test",
+        "## Load test (vllm bench serve)",
         "",
-        f"{summary.get('requests')} requests at concurrency {summary.get('concurrency')}, "
-        f"max_tokens {summary.get('max_tokens')}: {summary.get('ok')} ok, {summary.get('errors')} failed, "
-        f"{summary.get('not_sent')} not sent (time budget {_figure(summary.get('budget_s'))} s), "
-        f"wall time {_figure(summary.get('wall_s'))} s.",
+        _run_line(summary) + ".",
         "",
-        "| metric | p50 | p90 | p99 |",
-        "|---|---|---|---|",
+        "| metric | " + " | ".join(STATS) + " |",
+        "|---|" + "---|" * len(STATS),
     ]
     for key, label in METRICS:
         figures = summary.get(key) or {}
-        lines.append(f"| {label} | " + " | ".join(_figure(figures.get(f"p{p}")) for p in (50, 90, 99)) + " |")
-    lines += [
-        "",
-        f"Throughput: {_figure(summary.get('output_tokens_per_s'))} output tokens/s overall "
-        f"({_figure(summary.get('output_tokens'))} tokens over the wall time), "
-        f"{_figure(summary.get('output_tokens_per_s_per_request'))} tokens/s per request (mean).",
-    ]
+        lines.append(f"| {label} | " + " | ".join(_figure(figures.get(stat)) for stat in STATS) + " |")
+    lines += ["", _throughput_line(summary) + "."]
+    lines += _markdown_sweep(load)
     lines += _markdown_thresholds(load)
     lines += _markdown_errors(load)
     if chart_name:
-        lines += ["", f"![TTFT and E2E per request]({chart_name})"]
+        lines += ["", f"![TTFT and E2EL per request]({chart_name})"]
+    return lines
+
+
+def _markdown_sweep(load: Mapping[str, Any]) -> list[str]:
+    if not load.get("sweep"):
+        return []
+    lines = [
+        "",
+        "### Request-rate sweep",
+        "",
+        "| request rate (req/s) | completed | failed | TTFT p99 (ms) | TPOT p99 (ms) | E2EL p99 (ms) | output tok/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in load["sweep"]:
+        summary = entry.get("summary") or {}
+        p99 = [_figure((summary.get(key) or {}).get("p99")) for key in ("ttft_ms", "tpot_ms", "e2el_ms")]
+        lines.append(
+            f"| {_figure(entry.get('request_rate'))} | {_figure(summary.get('completed'))} | "
+            f"{_figure(summary.get('failed'))} | "
+            + " | ".join(p99)
+            + f" | {_figure(summary.get('output_throughput'))} |"
+        )
     return lines
 
 
 def is_gate(key: str, value: Any) -> bool:
-    """Latency limits of 0 or None are no gate; max_error_rate 0 is one (no error allowed)."""
+    """Limits of 0 or None are no gate; max_error_rate 0 is one (no error allowed)."""
     return value is not None and (key == "max_error_rate" or value != 0)
 
 
@@ -179,9 +256,7 @@ def _markdown_thresholds(load: Mapping[str, Any]) -> list[str]:
     breached = {breach["figure"] for breach in load["breaches"]}
     lines += ["| threshold | limit | result |", "|---|---|---|"]
     for key, value in sorted(gates.items()):
-        figure = {"ttft_p99_ms": "ttft_ms.p99", "tpot_p99_ms": "tpot_ms.p99", "e2e_p99_ms": "e2e_ms.p99"}.get(
-            key, "error_rate"
-        )
+        figure = GATE_FIGURES.get(key, key)
         lines.append(f"| {key} | {_figure(value)} | {'breached' if figure in breached else 'met'} |")
     lines += ["", *[f"- {_cell(breach['message'])}" for breach in load["breaches"]]] if load["breaches"] else []
     return lines
@@ -250,21 +325,18 @@ def render_table(report: Mapping[str, Any], width: int = TABLE_WIDTH) -> list[st
     if not load:
         return [*lines, "load test: not run"]
     summary = load["summary"]
-    lines.append(
-        f"load test: {summary.get('requests')} requests at concurrency {summary.get('concurrency')}, max_tokens "
-        f"{summary.get('max_tokens')}: {summary.get('ok')} ok, {summary.get('errors')} failed, "
-        f"{summary.get('not_sent')} not sent, {_figure(summary.get('wall_s'))} s"
-    )
-    lines.append(f"{'metric':<16}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for key, label in METRICS:
-        figures = summary.get(key) or {}
-        lines.append(f"{label:<16}" + "".join(f"{_figure(figures.get(f'p{p}')):>10}" for p in (50, 90, 99)))
-    lines.append(
-        f"output tokens/s: {_figure(summary.get('output_tokens_per_s'))} overall, "
-        f"{_figure(summary.get('output_tokens_per_s_per_request'))} per request (mean)"
-    )
-    if summary.get("errors_by_kind"):
-        lines.append("errors: " + ", ".join(f"{kind} x{count}" for kind, count in summary["errors_by_kind"].items()))
+    if not summary:
+        lines.append("load test (vllm bench serve): no result")
+    else:
+        lines.append(_clip("load test (vllm bench serve): " + _run_line(summary), width))
+        lines.append(f"{'metric':<12}" + "".join(f"{stat:>10}" for stat in STATS))
+        for key, label in METRICS:
+            figures = summary.get(key) or {}
+            lines.append(f"{label:<12}" + "".join(f"{_figure(figures.get(stat)):>10}" for stat in STATS))
+        lines.append(_clip(_throughput_line(summary), width))
+        if summary.get("errors_by_kind"):
+            kinds = ", ".join(f"{kind} x{count}" for kind, count in summary["errors_by_kind"].items())
+            lines.append(_clip("errors: " + kinds, width))
     lines += [_clip(f"breach: {breach['message']}", width) for breach in load["breaches"]]
     return lines
 

@@ -9,7 +9,7 @@ module: kimi_verify_report
 short_description: Write the verify report - JSON, Markdown and a latency chart - and return a table to print
 description:
   - Runs on the controller (C(delegate_to localhost), C(run_once)). Takes the checks of M(kimi_verify_api) (and
-    any other check in the same shape), the result of M(kimi_loadtest), the inputs and the cluster facts.
+    any other check in the same shape), the result of M(kimi_vllm_bench), the inputs and the cluster facts.
   - Writes I(basename).json (everything, per-request records included), I(basename).md (a checks table, the
     latency table p50/p90/p99, throughput, thresholds, errors, cluster facts) and I(basename).svg (the latency
     chart, TTFT and E2E per request; only when a load test ran) into I(report_dir), each atomically, then
@@ -26,8 +26,15 @@ options:
     type: list
     elements: dict
     default: []
+  rank_join:
+    description:
+      - The registered result of M(kimi_rank_join) (ok, summary, problems, ranks, nccl). It becomes the
+        C(ranks_joined) check, after I(checks) - passed when every rank joined on one NCCL version, with the
+        summary and each problem as its detail and the ranks and NCCL versions as its data.
+      - A skipped result (the rank check was turned off) adds nothing.
+    type: dict
   loadtest:
-    description: The registered result of M(kimi_loadtest) (summary, records, breaches, thresholds); omit
+    description: The registered result of M(kimi_vllm_bench) (summary, records, breaches, sweep, thresholds); omit
       when no load test ran.
     type: dict
   thresholds:
@@ -71,6 +78,7 @@ EXAMPLES = r"""
 - name: Write the verify report
   kimi_verify_report:
     checks: "{{ verify_api.checks }}"
+    rank_join: "{{ verify_ranks }}"
     loadtest: "{{ verify_load }}"
     inputs:
       served_model_name: kimi-k2
@@ -133,6 +141,7 @@ try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code,
     from ansible.module_utils.kimi_verify_report import (
         build_report,
         default_basename,
+        rank_join_check,
         render_table,
         utc_timestamp,
         verdict,
@@ -142,6 +151,7 @@ except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify_report import (
         build_report,
         default_basename,
+        rank_join_check,
         render_table,
         utc_timestamp,
         verdict,
@@ -153,6 +163,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "checks": {"type": "list", "elements": "dict", "default": []},
+            "rank_join": {"type": "dict"},
             "loadtest": {"type": "dict"},
             "thresholds": {"type": "dict"},
             "inputs": {"type": "dict", "default": {}},
@@ -169,10 +180,11 @@ def main() -> None:
     now = datetime.now(UTC)
     loadtest = params["loadtest"]
     if loadtest and loadtest.get("skipped"):
-        loadtest = None  # kimi_loadtest skipped in check mode: there is nothing to report
+        loadtest = None  # kimi_vllm_bench skipped in check mode: there is nothing to report
     thresholds = params["thresholds"] if params["thresholds"] is not None else (loadtest or {}).get("thresholds")
+    ranks = rank_join_check(params["rank_join"])
     report = build_report(
-        params["checks"],
+        params["checks"] + ([ranks] if ranks else []),
         loadtest,
         thresholds=thresholds,
         inputs=params["inputs"],

@@ -55,21 +55,20 @@ def number(element: ET.Element, name: str) -> float:
 def record(index, ttft, e2e, ok=True):
     if not ok:
         return {"index": index, "ok": False, "error_kind": "HTTP 500"}
-    return {"index": index, "ok": True, "ttft_ms": ttft, "e2e_ms": e2e}
+    return {"index": index, "ok": True, "ttft_ms": ttft, "e2el_ms": e2e}
 
 
 SUMMARY = {
-    "requests": 6,
-    "concurrency": 2,
-    "max_tokens": 64,
-    "ok": 5,
-    "errors": 1,
-    "not_sent": 0,
+    "num_prompts": 6,
+    "max_concurrency": 2,
+    "output_len": 64,
+    "completed": 5,
+    "failed": 1,
     "ttft_ms": {"p50": 200.0, "p90": 280.0, "p99": 298.0},
     "tpot_ms": {"p50": 20.0, "p90": 25.0, "p99": 26.5},
-    "e2e_ms": {"p50": 1500.0, "p90": 1900.0, "p99": 1990.0},
-    "output_tokens_per_s": 96.0,
-    "output_tokens_per_s_per_request": 40.25,
+    "e2el_ms": {"p50": 1500.0, "p90": 1900.0, "p99": 1990.0},
+    "output_throughput": 96.0,
+    "request_throughput": 1.25,
 }
 # sent in this order; listed out of order to show the chart sorts by index
 RECORDS = [
@@ -150,12 +149,12 @@ def test_chart_has_a_bar_pair_per_request_in_send_order_and_marks_the_failed_one
     xs = [number(column.find(f"{SVG}rect"), "x") for column in columns]
     assert xs == [round(PLOT_LEFT + 1 + i * width, 1) for i in range(6)]
     assert [text_of(column.find(f"{SVG}title")) for column in columns] == [
-        "request 1: TTFT 100 ms, E2E 1000 ms",
-        "request 2: TTFT 200 ms, E2E 2000 ms",
+        "request 1: TTFT 100 ms, E2EL 1000 ms",
+        "request 2: TTFT 200 ms, E2EL 2000 ms",
         "request 3: failed",
-        "request 4: TTFT 300 ms, E2E 1500 ms",
-        "request 5: TTFT 150 ms, E2E 1200 ms",
-        "request 6: TTFT 250 ms, E2E 1800 ms",
+        "request 4: TTFT 300 ms, E2EL 1500 ms",
+        "request 5: TTFT 150 ms, E2EL 1200 ms",
+        "request 6: TTFT 250 ms, E2EL 1800 ms",
     ]
     # the scale tops at 2000: request 2's E2E bar reaches the top, request 1's half way, TTFT from the axis up
     first_e2e, second_e2e = (column.find(f"{SVG}rect[@class='e2e']") for column in columns[:2])
@@ -173,11 +172,11 @@ def test_chart_has_a_bar_pair_per_request_in_send_order_and_marks_the_failed_one
     texts = [text_of(t) for t in find(root, "text")]
     assert "request, in send order" in texts and "ms" in texts
     assert {"0", "500", "1000", "1500", "2000"} <= set(texts)
-    assert "E2E" in texts and "TTFT" in texts and "failed request" in texts  # the legend
+    assert "E2EL" in texts and "TTFT" in texts and "failed request" in texts  # the legend
 
 
 def test_dashed_lines_for_the_p99s_and_the_limits_with_their_labels():
-    thresholds = {"ttft_p99_ms": 250, "e2e_p99_ms": 2200, "tpot_p99_ms": 30, "max_error_rate": 0.1}
+    thresholds = {"ttft_p99_ms": 250, "e2el_p99_ms": 2200, "tpot_p99_ms": 30, "max_error_rate": 0.1}
     root = parse(latency_chart(RECORDS, SUMMARY, thresholds))
     lines = find(root, "line", "mark")
     labels = find(root, "text", "mark-label")
@@ -186,8 +185,8 @@ def test_dashed_lines_for_the_p99s_and_the_limits_with_their_labels():
     top = nice_ceiling(2200)[0]  # the highest limit is above every bar: the scale holds it
     assert top == 2500
     by_label = {text_of(label): (line, label) for line, label in zip(lines, labels, strict=True)}
-    assert set(by_label) == {"E2E p99 1990 ms", "TTFT p99 298 ms", "E2E limit 2200 ms", "TTFT limit 250 ms"}
-    for text, value in (("E2E p99 1990 ms", 1990), ("TTFT p99 298 ms", 298), ("TTFT limit 250 ms", 250)):
+    assert set(by_label) == {"E2EL p99 1990 ms", "TTFT p99 298 ms", "E2EL limit 2200 ms", "TTFT limit 250 ms"}
+    for text, value in (("E2EL p99 1990 ms", 1990), ("TTFT p99 298 ms", 298), ("TTFT limit 250 ms", 250)):
         line, _ = by_label[text]
         assert number(line, "y1") == number(line, "y2") == round(y_of(value, top), 1)
         assert number(line, "x1") == PLOT_LEFT + 1 and number(line, "x2") == PLOT_RIGHT
@@ -198,8 +197,8 @@ def test_dashed_lines_for_the_p99s_and_the_limits_with_their_labels():
     assert low - high >= LABEL_STEP
     assert low < number(by_label["TTFT limit 250 ms"][0], "y1")  # above its line
     # no thresholds: only the two p99 lines
-    plain = parse(latency_chart(RECORDS, SUMMARY, {"ttft_p99_ms": 0, "e2e_p99_ms": None}))
-    assert sorted(text_of(t) for t in find(plain, "text", "mark-label")) == ["E2E p99 1990 ms", "TTFT p99 298 ms"]
+    plain = parse(latency_chart(RECORDS, SUMMARY, {"ttft_p99_ms": 0, "e2el_p99_ms": None}))
+    assert sorted(text_of(t) for t in find(plain, "text", "mark-label")) == ["E2EL p99 1990 ms", "TTFT p99 298 ms"]
 
 
 def test_the_figures_and_the_throughput_are_written_under_the_chart():
@@ -208,22 +207,22 @@ def test_the_figures_and_the_throughput_are_written_under_the_chart():
     assert rows == [
         ["TTFT ms", "p50", "200", "p90", "280", "p99", "298"],
         ["TPOT ms", "p50", "20", "p90", "25", "p99", "26.5"],
-        ["E2E ms", "p50", "1500", "p90", "1900", "p99", "1990"],
+        ["E2EL ms", "p50", "1500", "p90", "1900", "p99", "1990"],
     ]
     assert all(number(row, "y") > PLOT_BOTTOM for row in find(root, "text", "figures"))
     (throughput,) = find(root, "text", "throughput")
-    assert text_of(throughput) == "output tokens/s: 96 overall, 40.2 per request"
+    assert text_of(throughput) == "output_throughput 96 tok/s, request_throughput 1.25 req/s"
     (title,) = find(root, "text", "title")
     assert text_of(title) == "Verify load test: kimi-k2" == root.find(f"{SVG}title").text
     (subtitle,) = find(root, "text", "subtitle")
-    assert text_of(subtitle) == "6 requests, concurrency 2, max tokens 64: 5 ok, 1 failed, 0 not sent"
+    assert text_of(subtitle) == "6 prompts, max concurrency 2, output 64 tokens: 5 completed, 1 failed"
     assert not find(root, "text", "message")
 
 
 def test_more_requests_than_px_are_folded_into_at_most_the_plot_width():
     many = [record(i, 10.0 + i % 7, 100.0 + i % 50) for i in range(2000)]
     many[1000] = record(1000, 0, 0, ok=False)
-    root = parse(latency_chart(many, {**SUMMARY, "requests": 2000}))
+    root = parse(latency_chart(many, {**SUMMARY, "num_prompts": 2000}))
     columns = find(root, "g", "column")
     assert len(columns) == PLOT_COLUMNS < 2000
     assert len(find(root, "rect", "e2e")) == len(find(root, "rect", "ttft")) == PLOT_COLUMNS
@@ -233,7 +232,7 @@ def test_more_requests_than_px_are_folded_into_at_most_the_plot_width():
     # the group holding request 1001 shows its largest values, and that one request in it failed
     assert len(find(root, "rect", "error")) == 1
     failed = next(c for c in columns if c.find(f"{SVG}rect[@class='error']") is not None)
-    assert re.fullmatch(r"requests \d+-\d+: largest TTFT [\d.]+ ms, largest E2E [\d.]+ ms, 1 failed", text_of(failed))
+    assert re.fullmatch(r"requests \d+-\d+: largest TTFT [\d.]+ ms, largest E2EL [\d.]+ ms, 1 failed", text_of(failed))
     assert not find(root, "rect", "failed-column")  # the group has E2E from its other requests
     assert "2000" in [text_of(t) for t in find(root, "text")]  # the x axis ends at the last request
 
@@ -243,15 +242,15 @@ def test_more_requests_than_px_are_folded_into_at_most_the_plot_width():
     [([], "No request was sent"), ([record(0, 0, 0, ok=False)], "No successful request")],
 )
 def test_no_data_messages(records, message):
-    root = parse(latency_chart(records, {"requests": len(records)}))
+    root = parse(latency_chart(records, {"num_prompts": len(records)}))
     (shown,) = find(root, "text", "message")
     assert text_of(shown) == message and shown.get("fill") == ERROR_COLOR
     assert not find(root, "rect", "e2e") and not find(root, "rect", "ttft")
     assert len(find(root, "rect", "failed-column")) == len(records)
-    assert [row[0].text for row in find(root, "text", "figures")] == ["TTFT ms", "TPOT ms", "E2E ms"]
+    assert [row[0].text for row in find(root, "text", "figures")] == ["TTFT ms", "TPOT ms", "E2EL ms"]
     (subtitle,) = find(root, "text", "subtitle")  # counts the summary lacks come from the records
-    assert text_of(subtitle).startswith(f"{len(records)} request{'' if len(records) == 1 else 's'}, concurrency -")
-    assert text_of(subtitle).endswith(f": 0 ok, {len(records)} failed, 0 not sent")
+    assert text_of(subtitle).startswith(f"{len(records)} prompt{'' if len(records) == 1 else 's'}, max concurrency -")
+    assert text_of(subtitle).endswith(f": 0 completed, {len(records)} failed")
 
 
 def test_the_title_is_escaped():

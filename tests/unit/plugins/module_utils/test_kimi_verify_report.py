@@ -12,6 +12,7 @@ import pytest
 from module_utils.kimi_verify_report import (
     build_report,
     default_basename,
+    rank_join_check,
     render_markdown,
     render_table,
     utc_timestamp,
@@ -26,34 +27,38 @@ CHECKS = [
     {"name": "tool_call", "passed": False, "skipped": False, "detail": "tool calls emitted as text | markers"},
     {"name": "reasoning", "passed": False, "skipped": True, "detail": "not a thinking model"},
 ]
+# What kimi_vllm_bench returns (vLLM's names).
 SUMMARY = {
-    "requests": 4,
-    "concurrency": 2,
-    "max_tokens": 64,
-    "budget_s": 600.0,
-    "sent": 4,
-    "ok": 3,
-    "errors": 1,
-    "not_sent": 0,
+    "num_prompts": 4,
+    "max_concurrency": 2,
+    "request_rate": "inf",
+    "input_len": 32,
+    "output_len": 64,
+    "completed": 3,
+    "failed": 1,
     "error_rate": 0.25,
-    "errors_by_kind": {"HTTP 500": 1},
-    "wall_s": 3.5,
-    "ttft_ms": {"p50": 120.5, "p90": 180.0, "p99": 198.0},
-    "tpot_ms": {"p50": 21.0, "p90": 24.0, "p99": 25.5},
-    "e2e_ms": {"p50": 1500.0, "p90": 1700.0, "p99": 1790.0},
-    "output_tokens": 192,
-    "output_tokens_per_s": 54.86,
-    "output_tokens_per_s_per_request": 40.1,
+    "errors_by_kind": {"Internal Server Error": 1},
+    "duration": 3.5,
+    "ttft_ms": {"mean": 140.0, "median": 120.5, "std": 40.0, "p50": 120.5, "p90": 180.0, "p99": 198.0},
+    "tpot_ms": {"mean": 21.5, "median": 21.0, "std": 2.0, "p50": 21.0, "p90": 24.0, "p99": 25.5},
+    "itl_ms": {"mean": 21.0, "median": 20.0, "std": 3.0, "p50": 20.0, "p90": 26.0, "p99": 30.0},
+    "e2el_ms": {"mean": 1560.0, "median": 1500.0, "std": 160.0, "p50": 1500.0, "p90": 1700.0, "p99": 1790.0},
+    "total_output_tokens": 192,
+    "request_throughput": 0.86,
+    "output_throughput": 54.86,
+    "total_token_throughput": 82.29,
+    "request_goodput": None,
+    "goodput_share": None,
 }
 RECORDS = [
-    {"index": 0, "ok": True, "ttft_ms": 100.0, "e2e_ms": 1400.0},
-    {"index": 1, "ok": False, "error": "HTTP 500: engine exploded", "error_kind": "HTTP 500"},
-    {"index": 2, "ok": True, "ttft_ms": 120.5, "e2e_ms": 1500.0},
-    {"index": 3, "ok": True, "ttft_ms": 200.0, "e2e_ms": 1800.0},
+    {"index": 0, "ok": True, "ttft_ms": 100.0, "e2el_ms": 1400.0},
+    {"index": 1, "ok": False, "error": "Internal Server Error", "error_kind": "Internal Server Error"},
+    {"index": 2, "ok": True, "ttft_ms": 120.5, "e2el_ms": 1500.0},
+    {"index": 3, "ok": True, "ttft_ms": 200.0, "e2el_ms": 1800.0},
 ]
 BREACH = {"figure": "ttft_ms.p99", "limit": 150, "value": 198.0, "message": "TTFT p99 is 198 ms, over the limit 150 ms"}
 LOADTEST = {"summary": SUMMARY, "records": RECORDS, "breaches": [BREACH]}
-THRESHOLDS = {"ttft_p99_ms": 150, "tpot_p99_ms": None, "e2e_p99_ms": 0, "max_error_rate": 0.5}
+THRESHOLDS = {"ttft_p99_ms": 150, "tpot_p99_ms": None, "e2el_p99_ms": 0, "max_error_rate": 0.5}
 
 
 def report(checks=CHECKS, loadtest=LOADTEST, **extra):
@@ -91,17 +96,21 @@ def test_markdown_has_the_checks_latency_thresholds_and_errors_tables():
     assert "| check | result | detail |" in markdown
     assert "| tool_call | fail | tool calls emitted as text \\| markers |" in markdown  # the pipe is escaped
     assert "| reasoning | skip | not a thinking model |" in markdown
-    assert "| metric | p50 | p90 | p99 |" in markdown
-    assert "| TTFT (ms) | 120.5 | 180 | 198 |" in markdown
-    assert "| TPOT (ms/token) | 21 | 24 | 25.5 |" in markdown
-    assert "| E2E (ms) | 1500 | 1700 | 1790 |" in markdown
-    assert "Throughput: 54.86 output tokens/s overall" in markdown
+    assert "## Load test (vllm bench serve)" in markdown
+    assert "4 prompts of 32 tokens, 64 output tokens each, at most 2 in flight, request rate inf" in markdown
+    assert "| metric | mean | median | p50 | p90 | p99 |" in markdown
+    assert "| TTFT (ms) | 140 | 120.5 | 120.5 | 180 | 198 |" in markdown
+    assert "| TPOT (ms) | 21.5 | 21 | 21 | 24 | 25.5 |" in markdown
+    assert "| ITL (ms) | 21 | 20 | 20 | 26 | 30 |" in markdown
+    assert "| E2EL (ms) | 1560 | 1500 | 1500 | 1700 | 1790 |" in markdown
+    assert "request_throughput 0.86 req/s, output_throughput 54.86 tok/s" in markdown
+    assert "request_goodput" not in markdown  # no SLO was set, vLLM computed none
     # 0 and None latency limits are no gate and are not listed; the error-rate limit is
     assert "| ttft_p99_ms | 150 | breached |" in markdown and "| max_error_rate | 0.5 | met |" in markdown
-    assert "e2e_p99_ms" not in markdown and "tpot_p99_ms" not in markdown
+    assert "e2el_p99_ms" not in markdown and "tpot_p99_ms" not in markdown
     assert "- TTFT p99 is 198 ms, over the limit 150 ms" in markdown
-    assert "| HTTP 500 | 1 | #1: HTTP 500: engine exploded |" in markdown
-    assert "![TTFT and E2E per request](verify-x.svg)" in markdown
+    assert "| Internal Server Error | 1 | #1: Internal Server Error |" in markdown
+    assert "![TTFT and E2EL per request](verify-x.svg)" in markdown
     assert '| ranks | ["node1", "node2"] |' in markdown
 
 
@@ -118,9 +127,11 @@ def test_printed_table_is_fixed_width_and_clipped():
     assert lines[3] == "tool_call  fail    tool calls emitted as text | markers"
     assert all(len(line) <= 100 for line in lines)
     assert lines[5].endswith("...")
-    assert "TTFT (ms)            120.5       180       198" in lines
-    assert "load test: 4 requests at concurrency 2, max_tokens 64: 3 ok, 1 failed, 0 not sent, 3.5 s" in lines
-    assert "errors: HTTP 500 x1" in lines
+    assert "TTFT (ms)          140     120.5     120.5       180       198" in lines
+    assert lines[lines.index("TTFT (ms)          140     120.5     120.5       180       198") - 2].startswith(
+        "load test (vllm bench serve): 4 prompts of 32 tokens, 64 output tokens each, at most 2 in flight"
+    )
+    assert "errors: Internal Server Error x1" in lines
     assert lines[-1] == "breach: TTFT p99 is 198 ms, over the limit 150 ms"
     assert render_table(report(loadtest=None))[-1] == "load test: not run"
 
@@ -198,3 +209,80 @@ def test_module_writes_even_in_check_mode_and_returns_the_table(tmp_path):
     assert written["loadtest"]["thresholds"] == THRESHOLDS  # taken from the load test result
     assert written["generated_at"].endswith("Z")
     assert set(result["paths"]) == {"json", "markdown", "chart", "latest_json", "latest_markdown", "latest_chart"}
+
+
+# kimi_rank_join's registered result, as roles/verify registers it (verify_ranks).
+RANKS = {
+    "changed": False,
+    "ok": False,
+    "summary": "1 of 2 ranks joined",
+    "problems": ["node2: no join line in its journal", "node2: no NCCL version"],
+    "ranks": {"node1": {"joined": True}, "node2": {"joined": False}},
+    "nccl": {"node1": "2.30.4"},
+}
+
+
+def test_the_rank_result_becomes_the_ranks_joined_check():
+    assert rank_join_check(RANKS) == {
+        "name": "ranks_joined",
+        "status": "fail",
+        "passed": False,
+        "skipped": False,
+        "detail": "1 of 2 ranks joined; node2: no join line in its journal; node2: no NCCL version",
+        "data": {"ranks": RANKS["ranks"], "nccl": RANKS["nccl"]},
+    }
+    joined = rank_join_check({**RANKS, "ok": True, "summary": "2 of 2 ranks joined", "problems": []})
+    assert joined["status"] == "pass" and joined["passed"] is True and joined["detail"] == "2 of 2 ranks joined"
+
+
+def test_a_skipped_rank_check_adds_nothing():
+    assert rank_join_check({"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}) is None
+    assert rank_join_check(None) is None
+
+
+def test_the_module_appends_the_ranks_joined_check_after_the_others(tmp_path):
+    args = {
+        "checks": CHECKS,
+        "rank_join": RANKS,
+        "report_dir": str(tmp_path / "artifacts"),
+        "basename": "verify-ranks",
+        "latest_basename": "",
+    }
+    ok, result = run_module(tmp_path, "kimi_verify_report", args)
+    assert ok, result
+    written = json.loads((tmp_path / "artifacts" / "verify-ranks.json").read_text())
+    assert [c["name"] for c in written["checks"]] == ["health", "tool_call", "reasoning", "ranks_joined"]
+    assert written["checks"][-1] == {
+        "name": "ranks_joined",
+        "status": "fail",
+        "passed": False,
+        "skipped": False,
+        "detail": "1 of 2 ranks joined; node2: no join line in its journal; node2: no NCCL version",
+        "data": {"ranks": RANKS["ranks"], "nccl": RANKS["nccl"]},
+    }
+    skipped = {**args, "rank_join": {"skipped": True}, "basename": "verify-no-ranks"}
+    ok, result = run_module(tmp_path, "kimi_verify_report", skipped)
+    assert ok, result
+    written = json.loads((tmp_path / "artifacts" / "verify-no-ranks.json").read_text())
+    assert [c["name"] for c in written["checks"]] == ["health", "tool_call", "reasoning"]
+
+
+def test_a_request_rate_sweep_and_goodput_are_reported():
+    sweep = [{"request_rate": 2.0, "summary": {**SUMMARY, "request_rate": 2.0, "completed": 4, "failed": 0}}]
+    with_goodput = {**SUMMARY, "request_goodput": 0.5, "goodput_share": 0.5}
+    markdown = render_markdown(report(loadtest={**LOADTEST, "summary": with_goodput, "sweep": sweep}))
+    assert "### Request-rate sweep" in markdown
+    assert "| 2 | 4 | 0 | 198 | 25.5 | 1790 | 54.86 |" in markdown
+    assert "request_goodput 0.5 req/s (50% of the prompts)" in markdown
+
+
+def test_a_benchmark_without_a_result_shows_why():
+    failed = {
+        "summary": None,
+        "records": [],
+        "breaches": [{**BREACH, "figure": "run", "message": "vllm bench serve exited 1"}],
+    }
+    built = report(loadtest=failed)
+    assert built["ok"] is False
+    assert "The benchmark did not produce a result." in render_markdown(built)
+    assert "load test (vllm bench serve): no result" in render_table(built)
