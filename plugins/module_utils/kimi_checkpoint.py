@@ -68,6 +68,65 @@ def select_files(files: list[RepoFile], include: list[str], exclude: list[str]) 
     return chosen
 
 
+# The Hub API's answers, as kimi_hf_repo_files reads them (it fetches with ansible-core's fetch_url).
+NEXT_LINK = re.compile(r'<([^>]+)>;\s*rel="next"')
+# Answers worth asking again (what huggingface_hub's http_backoff retries): no answer at all (-1: refused,
+# reset, timed out), rate limited, and the gateway/server errors of a Hub under load or a mirror restarting.
+HUB_RETRY_STATUSES = frozenset({-1, 429, 500, 502, 503, 504})
+HUB_ATTEMPTS = 3
+HUB_MAX_RETRY_WAIT = 30.0
+# The Hub names its 4xx answers in X-Error-Code (huggingface_hub maps them to its exception classes).
+HUB_ERROR_CODES = {
+    "GatedRepo": "the repository is gated: accept its conditions on the Hub with the token's account",
+    "RepoNotFound": "the repository does not exist, or the token cannot see it",
+    "RevisionNotFound": "the revision does not exist in the repository",
+    "EntryNotFound": "the path does not exist at the revision",
+}
+
+
+def next_page(link: str | None) -> str | None:
+    """The URL of the next page from a paginated answer's Link header, or None on the last page."""
+    found = NEXT_LINK.search(link or "")
+    return found.group(1) if found else None
+
+
+def hub_retry_delay(attempt: int, status: int, retry_after: str | None = None) -> float | None:
+    """Seconds to wait before asking again after attempt number `attempt` (from 1) answered `status` (-1: no
+    answer), or None to give up: not a retryable answer, or the last attempt. Retry-After (seconds) counts when
+    the server sends it, bounded so a run never sleeps for long."""
+    if status not in HUB_RETRY_STATUSES or attempt >= HUB_ATTEMPTS:
+        return None
+    try:
+        wait = float(retry_after) if retry_after is not None else 2.0 ** (attempt - 1)
+    except ValueError:  # an HTTP date instead of seconds
+        wait = 2.0 ** (attempt - 1)
+    return min(max(wait, 0.0), HUB_MAX_RETRY_WAIT)
+
+
+def explain_hub_error(
+    what: str,
+    status: int,
+    reason: str,
+    has_token: bool,
+    error_code: str | None = None,
+    error_message: str | None = None,
+) -> str:
+    """One line for a failed Hub request: what was asked, the HTTP status and what it means, and the Hub's own
+    error code and message when it sends them (a gated repository, an unknown revision). Never the token."""
+    token_state = "a token was sent" if has_token else "no token was sent"
+    if status in (401, 403, 404):
+        line = (
+            f"{what}: HTTP {status}: the repository or revision does not exist, or it is private/gated and "
+            f"the token is missing or wrong ({token_state})"
+        )
+    else:
+        line = f"{what}: HTTP {status} {reason}".rstrip()
+    said = [part for part in (HUB_ERROR_CODES.get(error_code or "", error_code), error_message) if part]
+    if said:
+        line += f"; the Hub says: {': '.join(said)}"[:400]
+    return line
+
+
 # ----------------------------------------------------------------------------------------------- planning
 
 

@@ -9,6 +9,16 @@ short_description: List a Hugging Face repository's files, sizes and checksums a
 description:
   - Asks the Hub API (or a mirror such as olah, through its endpoint) for the repository's file tree at a
     revision, recursively, following pagination.
+  - Requests go through ansible-core's C(fetch_url), on the host the task runs on (the role runs it once, on
+    its first node, with that node's default interpreter), so the environment's proxies (C(https_proxy),
+    C(no_proxy)) and the system CA bundle apply, certificates are validated, and refused or timed-out
+    connections, HTTP 429 and 5xx are asked again (3 attempts, at most 30 s apart). The Hub's error code (e.g.
+    GatedRepo, RevisionNotFound) is added to the failure message.
+  - Not huggingface_hub's HfApi, because this list is needed before the role installs the pinned hf CLI venv
+    (C(/opt/kimi-hf/VERSION)) on a node, and in check mode that venv is never installed; the list sizes the
+    missing bytes against the free space before anything is installed or downloaded. The hf CLI then downloads
+    exactly these files with huggingface_hub, and every file is verified against the sizes and checksums
+    listed here.
   - A revision must be a 40-hex commit sha unless I(allow_branch) is true; then a branch or tag is resolved to
     the commit it points at now, and that sha is returned, so everything after uses the commit.
   - Read-only; supports check mode. The token is sent as a header only and never returned or printed.
@@ -44,74 +54,98 @@ file_count: {description: Number of selected files., type: int, returned: succes
 total_bytes: {description: Sum of the selected files' sizes., type: int, returned: success}
 """
 
+import http.client
 import json
-import re
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
 from dataclasses import asdict
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import fetch_url
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_checkpoint import files_from_tree, is_commit_sha, select_files
+    from ansible.module_utils.kimi_checkpoint import (
+        explain_hub_error,
+        files_from_tree,
+        hub_retry_delay,
+        is_commit_sha,
+        next_page,
+        select_files,
+    )
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import (
+        explain_hub_error,
         files_from_tree,
+        hub_retry_delay,
         is_commit_sha,
+        next_page,
         select_files,
     )
 
-NEXT_LINK = re.compile(r'<([^>]+)>;\s*rel="next"')
-
 
 class HubError(Exception):
-    pass
+    """The Hub answered, with an error or with something that is not the expected JSON."""
 
 
-def _get(url: str, token: str | None, timeout: int) -> tuple[object, str | None]:
-    request = urllib.request.Request(url, headers={"User-Agent": "kimi-checkpoint"})
+class HubUnreachableError(Exception):
+    """No HTTP answer (refused, reset, timed out, a proxy or DNS failure), after the retries."""
+
+
+def _get(module: AnsibleModule, url: str, what: str, token: str | None, timeout: int) -> tuple[object, str | None]:
+    """The JSON answer of a GET and its Link header, retrying what hub_retry_delay says is worth retrying."""
+    headers = {"User-Agent": "kimi-checkpoint", "Accept": "application/json"}
     if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.load(response), response.headers.get("Link")
+        headers["Authorization"] = f"Bearer {token}"
+    attempt = 1
+    while True:
+        response, info = fetch_url(module, url, headers=headers, timeout=timeout)
+        status = int(info.get("status", -1))
+        if 200 <= status < 300 and response is not None:
+            try:
+                body = response.read()
+            except OSError as error:  # the connection broke mid-answer: as if no answer came
+                status, info = -1, {"msg": f"Connection failure: {error}"}
+            else:
+                try:
+                    return json.loads(body), info.get("link")
+                except ValueError as error:
+                    raise HubError(f"{what}: unexpected answer from {url.split('?')[0]}: {error}") from None
+        delay = hub_retry_delay(attempt, status, info.get("retry-after"))
+        if delay is None:
+            break
+        time.sleep(delay)
+        attempt += 1
+    if status < 100:
+        raise HubUnreachableError(f"{info.get('msg', 'no answer')} (after {attempt} attempt(s))")
+    reason = http.client.responses.get(status, str(info.get("msg", "")))
+    error_code, error_message = info.get("x-error-code"), info.get("x-error-message")
+    raise HubError(explain_hub_error(what, status, reason, bool(token), error_code, error_message))
 
 
-def _explain(error: urllib.error.HTTPError, what: str, has_token: bool) -> str:
-    token_state = "a token was sent" if has_token else "no token was sent"
-    if error.code in (401, 403, 404):
-        return (
-            f"{what}: HTTP {error.code}: the repository or revision does not exist, or it is private/gated and "
-            f"the token is missing or wrong ({token_state})"
-        )
-    return f"{what}: HTTP {error.code} {error.reason}"
-
-
-def resolve_sha(endpoint: str, repo_id: str, revision: str, token: str | None, timeout: int) -> str:
+def resolve_sha(
+    module: AnsibleModule, endpoint: str, repo_id: str, revision: str, token: str | None, timeout: int
+) -> str:
     url = f"{endpoint}/api/models/{repo_id}/revision/{urllib.parse.quote(revision, safe='')}"
-    try:
-        info, _ = _get(url, token, timeout)
-    except urllib.error.HTTPError as error:
-        raise HubError(_explain(error, f"resolving revision {revision!r} of {repo_id}", bool(token))) from None
+    what = f"resolving revision {revision!r} of {repo_id}"
+    info, _ = _get(module, url, what, token, timeout)
     sha = info.get("sha") if isinstance(info, dict) else None
     if not is_commit_sha(sha or ""):
-        raise HubError(f"resolving revision {revision!r} of {repo_id}: the Hub returned no commit sha")
+        raise HubError(f"{what}: the Hub returned no commit sha")
     return sha
 
 
-def list_tree(endpoint: str, repo_id: str, sha: str, token: str | None, timeout: int) -> list[dict]:
-    url = f"{endpoint}/api/models/{repo_id}/tree/{sha}?recursive=true&expand=false"
+def list_tree(
+    module: AnsibleModule, endpoint: str, repo_id: str, sha: str, token: str | None, timeout: int
+) -> list[dict]:
+    url: str | None = f"{endpoint}/api/models/{repo_id}/tree/{sha}?recursive=true&expand=false"
+    what = f"listing {repo_id} at revision {sha}"
     entries: list[dict] = []
     while url:
-        try:
-            page, link = _get(url, token, timeout)
-        except urllib.error.HTTPError as error:
-            raise HubError(_explain(error, f"listing {repo_id} at revision {sha}", bool(token))) from None
+        page, link = _get(module, url, what, token, timeout)
         if not isinstance(page, list):
-            raise HubError(f"listing {repo_id} at revision {sha}: unexpected answer from {endpoint}")
+            raise HubError(f"{what}: unexpected answer from {endpoint}")
         entries.extend(page)
-        found = NEXT_LINK.search(link or "")
-        url = found.group(1) if found else ""
+        url = next_page(link)
     return entries
 
 
@@ -141,11 +175,11 @@ def main() -> None:
                     "checkpoint_allow_branch: true to resolve a branch or tag (the sha it resolves to is recorded)"
                 )
             resolved_from = revision
-            revision = resolve_sha(endpoint, params["repo_id"], revision, token, params["timeout"])
-        entries = list_tree(endpoint, params["repo_id"], revision, token, params["timeout"])
+            revision = resolve_sha(module, endpoint, params["repo_id"], revision, token, params["timeout"])
+        entries = list_tree(module, endpoint, params["repo_id"], revision, token, params["timeout"])
     except HubError as error:
         module.fail_json(msg=str(error))
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except HubUnreachableError as error:
         module.fail_json(msg=f"cannot reach the Hub at {endpoint}: {error}")
     files = select_files(files_from_tree(entries), params["include"], params["exclude"])
     if not files:
