@@ -222,15 +222,19 @@ RANKS = {
 }
 
 
+# What RANKS (node2 never joined) becomes.
+FAILED_RANKS_CHECK = {
+    "name": "ranks_joined",
+    "status": "fail",
+    "passed": False,
+    "skipped": False,
+    "detail": "1 of 2 ranks joined; node2: no join line in its journal; node2: no NCCL version",
+    "data": {"ranks": RANKS["ranks"], "nccl": RANKS["nccl"]},
+}
+
+
 def test_the_rank_result_becomes_the_ranks_joined_check():
-    assert rank_join_check(RANKS) == {
-        "name": "ranks_joined",
-        "status": "fail",
-        "passed": False,
-        "skipped": False,
-        "detail": "1 of 2 ranks joined; node2: no join line in its journal; node2: no NCCL version",
-        "data": {"ranks": RANKS["ranks"], "nccl": RANKS["nccl"]},
-    }
+    assert rank_join_check(RANKS) == FAILED_RANKS_CHECK
     joined = rank_join_check({**RANKS, "ok": True, "summary": "2 of 2 ranks joined", "problems": []})
     assert joined["status"] == "pass" and joined["passed"] is True and joined["detail"] == "2 of 2 ranks joined"
 
@@ -252,14 +256,7 @@ def test_the_module_appends_the_ranks_joined_check_after_the_others(tmp_path):
     assert ok, result
     written = json.loads((tmp_path / "artifacts" / "verify-ranks.json").read_text())
     assert [c["name"] for c in written["checks"]] == ["health", "tool_call", "reasoning", "ranks_joined"]
-    assert written["checks"][-1] == {
-        "name": "ranks_joined",
-        "status": "fail",
-        "passed": False,
-        "skipped": False,
-        "detail": "1 of 2 ranks joined; node2: no join line in its journal; node2: no NCCL version",
-        "data": {"ranks": RANKS["ranks"], "nccl": RANKS["nccl"]},
-    }
+    assert written["checks"][-1] == FAILED_RANKS_CHECK
     skipped = {**args, "rank_join": {"skipped": True}, "basename": "verify-no-ranks"}
     ok, result = run_module(tmp_path, "kimi_verify_report", skipped)
     assert ok, result
