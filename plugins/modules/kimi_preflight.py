@@ -79,15 +79,16 @@ summary_lines:
   type: list
 """
 
-import json
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
+    from ansible.module_utils.kimi_report import report_json, write_atomic
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_atomic
 
 
 def expectations_from(hosts: dict) -> dict[str, HostExpectation]:
@@ -121,7 +122,8 @@ def main() -> None:
         module.fail_json(msg=f"no node facts for host(s) {', '.join(missing)} (unreachable or failed earlier)")
     verdict = evaluate(requirements, expectations_from(params["hosts"]), params["node_facts"], params["gpu_facts"])
     if params["report_path"]:
-        Path(params["report_path"]).write_text(json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+        # The one report writer: sorted JSON, written atomically, never a change.
+        write_atomic(Path(params["report_path"]), report_json(verdict))
     if not verdict["passed"]:
         module.fail_json(msg="preflight failed: " + " | ".join(verdict["failures"]), **verdict)
     module.exit_json(changed=False, **verdict)
