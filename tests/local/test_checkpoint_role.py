@@ -382,6 +382,27 @@ def test_a_same_size_overwrite_after_the_marker_is_found_by_its_stat_and_repaire
     assert again.rc == 0 and again.changed == 0, again.stats
 
 
+HF_VERIFY_TASK = "Run hf cache verify on the checkpoint directory"
+
+
+def test_the_hf_cli_cross_check_agrees_then_catches_what_a_size_only_check_lets_through(cluster, mirror):
+    # huggingface_hub's own `hf cache verify` against the same mirror: it agrees with a good download...
+    first = cluster["run"](checkpoint_hf_cross_check=True)
+    assert first.rc == 0, first.failure_messages()
+    (agreed,) = first.results_of(HF_VERIFY_TASK).values()
+    assert agreed["rc"] == 0 and f"Verified {len(mirror['files'])} file(s)" in agreed["stdout"], agreed
+    # ...and, with our own check reduced to sizes, still finds a same-size overwrite by its checksum.
+    target = cluster["dir"] / "config.json"
+    text = target.read_bytes()
+    target.write_bytes(text.replace(b"{", b"[", 1))
+    caught = cluster["run"](checkpoint_hf_cross_check=True, checkpoint_verify_checksums=False)
+    assert caught.rc != 0
+    (failure,) = caught.failures
+    assert failure["msg"].startswith(f"n1: hf cache verify of {mirror['repo_id']} at {mirror['revision']} in ")
+    assert "config.json: expected" in failure["msg"], failure["msg"]
+    assert not (cluster["dir"] / MARKER_NAME).exists(), "a checkpoint the hf CLI found bad kept its marker"
+
+
 def test_a_version_1_marker_is_verified_and_rewritten_once(cluster, mirror):
     assert cluster["run"]().rc == 0
     old = read_marker(cluster)
