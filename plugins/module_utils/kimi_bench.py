@@ -227,10 +227,17 @@ def error_kind(error: str) -> str:
     return " ".join(last.split()[:4]) or "error"
 
 
-def _number(value: Any) -> float | None:
+def _finite(value: Any) -> float | None:
+    """value as a float when it is a finite number, else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
-    return round(float(value), 3)
+    return float(value)
+
+
+def _number(value: Any) -> float | None:
+    """A figure for the report: finite, three decimals (vLLM's figures are already in ms)."""
+    number = _finite(value)
+    return None if number is None else round(number, 3)
 
 
 def metric_figures(result: Mapping[str, Any], metric: str) -> dict[str, float | None]:
@@ -241,7 +248,8 @@ def metric_figures(result: Mapping[str, Any], metric: str) -> dict[str, float | 
 
 
 def _ms(seconds: Any) -> float | None:
-    number = _number(seconds)
+    """vLLM's per-request seconds in ms (rounded after scaling: 0.0712345 s is 71.235 ms, not 71 ms)."""
+    number = _finite(seconds)
     return None if number is None else round(number * 1000, 3)
 
 
@@ -257,8 +265,8 @@ def _latencies_from_itls(ttfts: Sequence[Any], itls: Sequence[Any]) -> list[floa
     timeline plot computes, vllm/benchmarks/serve.py)."""
     latencies: list[float | None] = []
     for ttft, gaps in zip(ttfts, itls, strict=False):
-        numbers = [_number(gap) for gap in gaps or []]
-        start = _number(ttft)
+        numbers = [_finite(gap) for gap in gaps or []]
+        start = _finite(ttft)
         latencies.append(None if start is None or None in numbers else start + sum(n for n in numbers if n))
     return latencies
 
@@ -272,7 +280,7 @@ def records(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     output_lens = list(result.get("output_lens") or [])
     errors = list(result.get("errors") or [])
     count = max(len(starts), len(ttfts), len(errors))
-    first = min((s for s in starts if _number(s) is not None), default=0.0)
+    first = min((s for s in starts if _finite(s) is not None), default=0.0)
     rows = []
     for index in range(count):
         error = str(errors[index]) if index < len(errors) and errors[index] else ""
@@ -281,7 +289,7 @@ def records(result: Mapping[str, Any]) -> list[dict[str, Any]]:
         tokens = output_lens[index] if index < len(output_lens) else None
         ok = not error and ttft is not None and ttft > 0
         tpot = _tpot(ttft, e2el, tokens) if ok else None
-        start = _number(starts[index]) if index < len(starts) else None
+        start = _finite(starts[index]) if index < len(starts) else None
         rows.append(
             {
                 "index": index,

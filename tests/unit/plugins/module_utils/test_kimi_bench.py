@@ -142,6 +142,15 @@ def test_records_follow_send_order_with_vllm_tpot_and_the_error_kind():
     assert "refused" in rows[3]["error"]
 
 
+def test_per_request_seconds_keep_their_precision_in_ms():
+    # Seen in the lab: rounding seconds to three decimals first turned every TTFT into whole milliseconds.
+    result = synthetic_result(ttfts=[0.0712345, 0.2, 0.3, 0.0], start_times=[5.0000004, 5.0, 5.5, 5.6])
+    rows = records(result)
+    assert rows[0]["ttft_ms"] == 71.235 and rows[0]["tpot_ms"] == pytest.approx((170 - 71.235) / 7, abs=0.001)
+    assert [row["started_s"] for row in rows] == [0.0, 0.0, 0.5, 0.6]
+    assert str(rows[0]["started_s"]) == "0.0"  # not -0.0
+
+
 def test_records_of_vllm_0_23_take_latency_from_ttft_and_the_gaps():
     # vLLM 0.23.0 (the production pin) writes no "latencies" in its detailed result.
     legacy = {key: value for key, value in synthetic_result().items() if key != "latencies"}
