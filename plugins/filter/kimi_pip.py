@@ -7,15 +7,15 @@ Filters run on the controller, whose Python has packaging (ansible-core depends 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import normalize_name
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_venv_diff import venv_differences as _differences
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_venv_diff import venv_differences
 except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
     from module_utils.kimi_pinset import normalize_name
-    from module_utils.kimi_venv_diff import venv_differences as _differences
+    from module_utils.kimi_venv_diff import venv_differences
 
 
 def pep503_name(name: str) -> str:
@@ -23,18 +23,10 @@ def pep503_name(name: str) -> str:
     return normalize_name(str(name))
 
 
-def venv_differences(
-    pinset: Mapping[str, Any],
-    installed: Mapping[str, str] | None = None,
-    removed: Iterable[str] = (),
-    aliases: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """`vllm_pinset | kimi.k2.venv_differences(installed, removed=..., aliases=...)`: see kimi_venv_diff."""
-    return _differences(pinset, installed, removed=removed, aliases=aliases)
-
-
 class FilterModule:
     """Ansible's entry point for the filters of this file."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
+        # `vllm_pinset | kimi.k2.venv_differences(installed, removed=..., aliases=...)` is kimi_venv_diff's
+        # function itself: its signature and docstring are the filter's.
         return {"pep503_name": pep503_name, "venv_differences": venv_differences}

@@ -215,7 +215,7 @@ def one_run(config: BenchConfig, environment: dict, workdir: str, name: str, bou
             return {"argv": argv, "wall_s": outcome.wall_s, **judge(read_result(str(Path(workdir) / name)), config)}
         except ValueError as error:
             failure = str(error)
-    breach = {"figure": "run", "limit": 0, "value": 1, "message": f"{failure}: {outcome.output_tail[-600:].strip()}"}
+    breach = _breach_run(f"{failure}: {outcome.output_tail[-600:].strip()}")
     return {"argv": argv, "wall_s": outcome.wall_s, "summary": None, "records": [], "breaches": [breach]}
 
 
