@@ -1,10 +1,11 @@
 """The one way every check writes its report on the controller: deterministic JSON, Markdown, other files of the
 same report, each written atomically, and a report is never a change to what Ansible manages.
 
-Reports (parity.json, drift-*.json/.md, verify-*.json/.md/.svg) are what a check is for, not state it
-converges, so the modules that write them answer changed=false whether or not a file's bytes changed; a
-second converge stays at changed=0. A reader (a dashboard, `jq`, the next run) sees the old file or the new
-one, never half of one.
+Reports (plan.json, preflight.json, parity.json, serve.json, nccl_tests.json/.log, drift-*.json/.md,
+verify-*.json/.md/.svg) are what a check is for, not state it converges, so the modules that write them answer
+changed=false whether or not a file's bytes changed; a second converge stays at changed=0. A reader (a
+dashboard, `jq`, the next run) sees the old file or the new one, never half of one. A report without a module
+of its own (plan, serve, nccl_tests) goes through plugins/modules/kimi_report_file.py.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 
-def report_json(report: Mapping[str, Any], compact: bool = False) -> str:
+def report_json(report: Mapping[str, Any] | Sequence[Any], compact: bool = False) -> str:
     """Sorted keys, so an unchanged result rewrites the same bytes; compact for reports of hundreds of hosts."""
     if compact:
         return json.dumps(report, sort_keys=True, separators=(",", ":")) + "\n"
@@ -42,6 +43,13 @@ def write_atomic(path: Path, data: bytes | str) -> bool:
         Path(temporary).unlink(missing_ok=True)
         raise
     return True
+
+
+def write_report_file(path: Path, data: bytes | str) -> bool:
+    """One report file, its directory made first (a fresh checkout has no artifacts/); False when the file
+    already holds these bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, data)
 
 
 def write_report_files(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import kimi_report
+from .kimi_bench import GATE_FIGURES
 from .kimi_chart import latency_chart
 
 REPORT_KIND = "kimi-verify"
@@ -27,15 +28,6 @@ TABLE_WIDTH = 110
 # vLLM's benchmark's metrics, under its names (plugins/module_utils/kimi_bench.py).
 METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)"))
 STATS = ("mean", "median", "p50", "p90", "p99")
-# A gate (kimi_vllm_bench's option) and the figure its breach names.
-GATE_FIGURES = {
-    "ttft_p99_ms": "ttft_ms.p99",
-    "tpot_p99_ms": "tpot_ms.p99",
-    "itl_p99_ms": "itl_ms.p99",
-    "e2el_p99_ms": "e2el_ms.p99",
-    "max_error_rate": "error_rate",
-    "min_goodput_share": "goodput_share",
-}
 # The check kimi_rank_join's result becomes (rank_join_check).
 RANKS_CHECK = "ranks_joined"
 

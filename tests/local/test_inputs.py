@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -67,6 +68,48 @@ def test_a_missing_revision_is_refused_naming_variable_host_and_phase(tmp_path):
     for host, message in messages.items():
         assert f"{host}: checkpoint_revision is not set (needed by the checkpoint phase)" in message
         assert "--skip-tags checkpoint" in message
+
+
+def test_check_mode_judges_the_inputs_and_writes_no_plan(tmp_path):
+    # drift's converge runs the kimi role under --check: the plan is made and judged, no report is written and
+    # nothing counts as a change.
+    result = run_playbook(INPUTS, INVENTORIES / "greennode", check=True, envvars={"KIMI_REPORT_DIR": str(tmp_path)})
+    assert result.rc == 0, result.failure_messages()
+    assert result.changed == 0
+    (saved,) = result.results_of("Save the plan as JSON on the controller (artifacts/plan.json)").values()
+    assert saved["written"] is False
+    assert not (tmp_path / "plan.json").exists()
+
+
+def kimi_pinned_inventory(tmp_path):
+    """greennode with its checkpoint pinned through the kimi role's single-source values only: checkpoint_repo_id
+    and checkpoint_revision left to the checkpoint role's defaults, which derive them from these."""
+    inventory = tmp_path / "inventory"
+    shutil.copytree(INVENTORIES / "greennode", inventory)
+    cluster = inventory / "group_vars" / "all" / "cluster.yml"
+    text, count = re.subn(r"^checkpoint_(repo_id|revision):", r"kimi_checkpoint_\1:", cluster.read_text(), flags=re.M)
+    assert count == 2, "greennode no longer pins checkpoint_repo_id and checkpoint_revision"
+    cluster.write_text(text)
+    return inventory
+
+
+def test_the_kimi_checkpoint_values_alone_pass_the_input_check(tmp_path):
+    inventory = kimi_pinned_inventory(tmp_path)
+    result = run_playbook(INPUTS, inventory, envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")}, timeout=300)
+    assert result.rc == 0, result.failure_messages()
+    assert json.loads((tmp_path / "reports" / "plan.json").read_text())["fits"]
+
+    # A bad kimi value is judged as the checkpoint phase will read it, and named with the variable it feeds.
+    result = run_playbook(
+        INPUTS,
+        inventory,
+        extravars={"kimi_checkpoint_revision": "main"},
+        envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")},
+        timeout=300,
+    )
+    assert result.rc != 0
+    assert {f["task"] for f in result.failures} == {JUDGE}, result.failure_messages()
+    assert "checkpoint_revision (or kimi_checkpoint_revision) is not a 40-hex commit sha" in result.failures[0]["msg"]
 
 
 def refused_by_site(tmp_path, **kwargs):

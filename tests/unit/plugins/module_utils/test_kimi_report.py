@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from module_utils.kimi_report import report_json, write_atomic, write_report_files
+from module_utils.kimi_report import report_json, write_atomic, write_report_file, write_report_files
 
 
 def test_json_is_sorted_and_ends_with_a_newline_compact_or_not():
@@ -31,6 +31,14 @@ def test_the_same_bytes_are_not_written_again(tmp_path):
     before = target.stat().st_mtime_ns
     assert write_atomic(target, "{}\n") is False
     assert target.stat().st_mtime_ns == before
+
+
+def test_one_report_file_makes_its_directory_and_leaves_the_same_bytes_alone(tmp_path):
+    target = tmp_path / "artifacts" / "plan.json"
+    assert write_report_file(target, report_json({"fits": True})) is True
+    assert target.read_text() == '{\n  "fits": true\n}\n'
+    assert write_report_file(target, report_json({"fits": True})) is False
+    assert report_json([{"b": 1, "a": 2}], compact=True) == '[{"a":2,"b":1}]\n'
 
 
 def test_dated_files_then_latest_copies_and_a_stale_latest_chart_removed(tmp_path):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import fields
 from datetime import UTC, datetime
 
 import pytest
 
+from module_utils.kimi_bench import Gates, check_gates
 from module_utils.kimi_verify_report import (
     build_report,
     default_basename,
@@ -112,6 +114,28 @@ def test_markdown_has_the_checks_latency_thresholds_and_errors_tables():
     assert "| Internal Server Error | 1 | #1: Internal Server Error |" in markdown
     assert "![TTFT and E2EL per request](verify-x.svg)" in markdown
     assert '| ranks | ["node1", "node2"] |' in markdown
+
+
+# A limit for every gate that SUMMARY (with a goodput share) breaches.
+BREACHING_LIMITS = {
+    "ttft_p99_ms": 150,
+    "tpot_p99_ms": 20,
+    "itl_p99_ms": 25,
+    "e2el_p99_ms": 1000,
+    "max_error_rate": 0.1,
+    "min_goodput_share": 0.9,
+}
+
+
+def test_the_report_marks_every_gate_kimi_bench_can_breach_as_breached():
+    # Every gate kimi_bench has (a new Gates field without a limit here fails with its name), each breached by
+    # kimi_bench itself: the report must find each breach under the gate's row, whatever figure name it carries.
+    gates = Gates(**{gate.name: BREACHING_LIMITS[gate.name] for gate in fields(Gates)})
+    breaches = check_gates({**SUMMARY, "goodput_share": 0.5}, gates)
+    assert len(breaches) == len(fields(Gates)), breaches
+    markdown = render_markdown(report(loadtest={**LOADTEST, "breaches": breaches}, thresholds=gates.as_dict()))
+    for gate in fields(Gates):
+        assert f"| {gate.name} | {BREACHING_LIMITS[gate.name]:g} | breached |" in markdown, gate.name
 
 
 def test_markdown_without_a_load_test():
