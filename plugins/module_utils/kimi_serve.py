@@ -15,6 +15,11 @@ from typing import Any
 from .kimi_layout import Layout, layout_problems
 from .kimi_systemd import unix_timestamp
 
+# One reading of `ss` for the serve phase and the node's watchdog, which runs kimi_watchdog.py on its own; the
+# names stay importable from here (kimi_serve_group, the tests).
+from .kimi_watchdog import rendezvous_closed
+from .kimi_watchdog import rendezvous_states as rendezvous_states
+
 API_UNIT = "kimi-vllm.service"
 HEADLESS_UNIT = "kimi-vllm-headless.service"
 # What a unit's name must match for preflight to count its ports as ours.
@@ -375,30 +380,6 @@ def _start_time(node: dict[str, Any]) -> float | None:
     return unix_timestamp(node.get("started_at"))
 
 
-def _peer(address: str) -> tuple[str, str]:
-    """'[::ffff:198.18.0.11]:29501' or '198.18.0.11:29501' -> ('198.18.0.11', '29501')."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if host.startswith("::ffff:"):
-        host = host[len("::ffff:") :]
-    return host, port
-
-
-def rendezvous_states(ss_text: str, rendezvous: str) -> list[str]:
-    """The TCP states of this node's sockets whose peer is `rendezvous` ("ADDRESS:PORT"), from `ss -Htan`.
-
-    A headless rank keeps a connection to rank 0's master port for as long as its group lives. When rank 0's
-    process goes away, that socket stays in CLOSE-WAIT: the rank holds on to a group that no longer exists.
-    """
-    wanted = _peer(rendezvous)
-    states = []
-    for line in ss_text.splitlines():
-        fields = line.split()
-        if len(fields) >= 5 and _peer(fields[4]) == wanted:
-            states.append(fields[0])
-    return states
-
-
 def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None) -> list[str]:
     """Why the whole vLLM group must be restarted now; empty when it may keep running.
 
@@ -407,7 +388,10 @@ def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None
     of its sockets to it; see rendezvous_states). Ranks only form a group when they start together, so more
     than "is every unit active" is judged:
     - a headless rank whose process started after rank 0's was restarted alone (systemd's Restart=, a reboot):
-      it waits for a group that no longer exists while rank 0 keeps answering /health;
+      it waits for a group that no longer exists while rank 0 keeps answering /health. Not in layout mp (the
+      rank has a rendezvous) when rank 0 just generated a token (probe_ok True): every token there passes
+      through every rank, so the group formed after all; the node watchdogs heal a group by restarting rank 0
+      and then the headless ranks, which leaves exactly this order. (A data-parallel rank 0 can answer alone.);
     - a headless rank whose connection to rank 0 was closed from rank 0's side, and that has no other: rank 0
       was restarted alone and waits at the rendezvous for ranks that joined the previous one (it never
       listens, so the probe below only sees "connection refused").
@@ -427,18 +411,14 @@ def group_restart_reasons(nodes: Sequence[dict[str, Any]], probe_ok: bool | None
             f"{n['host']}: {n['unit']} started after rank 0 ({_start_time(n) - api_start:.0f} s later): "
             "it was restarted alone and cannot rejoin the running group"
             for n in headless
-            if (_start_time(n) or 0) > api_start
+            if (_start_time(n) or 0) > api_start and not (probe_ok is True and n.get("rendezvous"))
         ]
     reasons += [
         f"{n['host']}: {n['unit']}'s connection to rank 0 ({n['rendezvous']}) was closed by rank 0: rank 0 was "
         "restarted alone and waits for ranks that joined the previous one"
         for n in headless
-        if n.get("active_state") == "active" and _lost_rank_0(n.get("rendezvous_states") or [])
+        if n.get("active_state") == "active" and rendezvous_closed(n.get("rendezvous_states") or [])
     ]
     if probe_ok is False and api is not None:
         reasons.append(f"{api['host']}: a one-token request to rank 0 failed (the group is not serving)")
     return reasons
-
-
-def _lost_rank_0(states: Sequence[str]) -> bool:
-    return "CLOSE-WAIT" in states and "ESTAB" not in states

@@ -209,6 +209,22 @@ def test_a_headless_rank_restarted_alone_restarts_the_group_naming_it():
     assert reason.startswith("node2: kimi-vllm-headless.service started after rank 0 (258 s later)")
 
 
+def test_a_headless_rank_started_after_rank_0_is_left_running_when_rank_0_generates_in_layout_mp():
+    from module_utils.kimi_serve import group_restart_reasons
+
+    # The node watchdogs heal a group by restarting rank 0, then the headless rank: it starts later, and serves.
+    rank_0 = _node("node1", "kimi-vllm.service", True, "@1000")
+    later = {**_node("node2", "kimi-vllm-headless.service", False, "@1258"), "rendezvous": "198.18.0.11:29501"}
+    assert group_restart_reasons([rank_0, {**later, "rendezvous_states": ["ESTAB"]}], probe_ok=True) == []
+    # Without a token as proof it is still a rank restarted alone; so it is in dp_ep (no rendezvous), where a
+    # data-parallel rank 0 answers on its own.
+    (reason,) = group_restart_reasons([rank_0, later], probe_ok=None)
+    assert "started after rank 0" in reason
+    dp_ep = _node("node2", "kimi-vllm-headless.service", False, "@1258")
+    (reason,) = group_restart_reasons([rank_0, dp_ep], probe_ok=True)
+    assert "started after rank 0" in reason
+
+
 def test_changed_files_a_down_rank_and_a_failed_probe_are_each_named():
     from module_utils.kimi_serve import group_restart_reasons
 

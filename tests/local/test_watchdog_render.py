@@ -1,0 +1,191 @@
+"""The serve phase's watchdog files, rendered for the lab's two nodes into a temporary root (nothing started):
+each node's config says its role, unit and how it reaches rank 0 and loads as the watchdog's Config; the service
+is a oneshot without Restart=, the timer fires every interval with 1 s accuracy; the script on the node is the
+collection's module_utils file and runs under the node's python3 with nothing else (a fake systemctl on PATH);
+the maintenance switch follows vllm_serve_watchdog_paused; vllm_serve_watchdog false removes everything; a second
+run changes nothing; --check writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from module_utils.kimi_watchdog import config_from_mapping
+from tests.ansible_run import REPO_ROOT, run_playbook
+
+SERVE = REPO_ROOT / "playbooks" / "serve.yml"
+INVENTORY = REPO_ROOT / "tests" / "fixtures" / "serve" / "inventories" / "lab-mp"
+UNIT_DIR = "etc/systemd/system"
+LIB_DIR = "usr/local/lib/kimi-watchdog"
+NODE_PYTHON = Path("/usr/bin/python3")
+
+
+def render_vars(root: Path, **extra) -> dict:
+    return {
+        "ansible_connection": "local",
+        "ansible_become": False,
+        "ansible_python_interpreter": sys.executable,
+        "kimi_host_ip": "{{ ansible_host }}",
+        "kimi_report_dir": str(root / "reports"),
+        "vllm_serve_manage_services": False,
+        "vllm_serve_systemd_version": 252,
+        "vllm_serve_destdir": str(root) + "/{{ inventory_hostname }}",
+        "vllm_serve_api_key": "lab-secret",
+        **extra,
+    }
+
+
+def serve(root: Path, *, check: bool = False, **extra):
+    outcome = run_playbook(SERVE, INVENTORY, extravars=render_vars(root, **extra), check=check, diff=check, timeout=600)
+    assert outcome.rc == 0, outcome.failure_messages()
+    return outcome
+
+
+def files_under(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> tuple[Path, int]:
+    root = tmp_path_factory.mktemp("watchdog")
+    serve(root)
+    return root, serve(root).changed
+
+
+def test_a_second_run_changes_nothing(rendered):
+    _, changed_again = rendered
+    assert changed_again == 0
+
+
+def test_rank_0_judges_its_own_api_with_the_key_file_and_the_timings(rendered):
+    root, _ = rendered
+    config = json.loads((root / "node1/etc/kimi/watchdog.json").read_text())
+    assert config_from_mapping(config).role == "rank0"
+    assert config["unit"] == "kimi-vllm.service"
+    assert config["health_url"] == "http://127.0.0.1:8000/health"
+    assert config["metrics_url"] == "http://127.0.0.1:8000/metrics"
+    assert config["probe_url"] == "http://127.0.0.1:8000/v1/completions"
+    assert config["served_model_name"] == "kimi-k2"
+    assert (config["api_key_env"], config["api_key_env_file"]) == ("VLLM_API_KEY", "/etc/kimi/vllm-secrets.env")
+    assert "lab-secret" not in json.dumps(config)
+    assert config["load_timeout_s"] == 900 and config["stall_checks"] == 3 and config["max_restarts"] == 5
+    assert config["textfile_dir"] == "/var/lib/prometheus/node-exporter"
+    assert config["maintenance_file"] == "/etc/kimi/maintenance"
+    assert config["marker_path"].endswith("/models/lab-mini/.kimi-checkpoint.json")
+    # The hold outlives the play's two stops and its /health wait (120 s, 120 s, 1800 s), plus a margin.
+    assert config["hold_max_age_s"] == 2 * 120 + 1800 + 300
+
+
+def test_the_headless_rank_reaches_rank_0_on_its_announced_address(rendered):
+    root, _ = rendered
+    config = json.loads((root / "node2/etc/kimi/watchdog.json").read_text())
+    assert config_from_mapping(config).role == "headless"
+    assert config["unit"] == "kimi-vllm-headless.service"
+    assert config["health_url"] == "http://198.18.0.11:8000/health"
+    assert config["rendezvous"] == "198.18.0.11:29501"
+    assert "probe_url" not in config and "api_key_env_file" not in config
+
+
+def test_the_service_is_a_oneshot_and_only_rank_0_loads_the_key(rendered):
+    root, _ = rendered
+    for node in ("node1", "node2"):
+        service = (root / node / UNIT_DIR / "kimi-vllm-watchdog.service").read_text()
+        assert "Type=oneshot" in service
+        assert "Restart=" not in service.replace("# No Restart=", "")
+        assert (
+            "ExecStart=/usr/bin/python3 -B -E -s /usr/local/lib/kimi-watchdog/kimi_watchdog.py "
+            "--config /etc/kimi/watchdog.json"
+        ) in service
+        assert ("EnvironmentFile=-/etc/kimi/vllm-secrets.env" in service) == (node == "node1")
+        assert "StateDirectory=kimi-watchdog" in service
+
+
+def test_the_timer_checks_every_interval_without_overlap(rendered):
+    root, _ = rendered
+    timer = (root / "node1" / UNIT_DIR / "kimi-vllm-watchdog.timer").read_text()
+    for line in ("OnActiveSec=15", "OnUnitInactiveSec=15", "AccuracySec=1s", "WantedBy=timers.target"):
+        assert line in timer.splitlines()
+
+
+def test_the_script_on_the_node_is_the_collections_module_utils(rendered):
+    root, _ = rendered
+    for name in ("kimi_watchdog.py", "kimi_systemd.py"):
+        shipped = (root / "node2" / LIB_DIR / name).read_text()
+        assert shipped == (REPO_ROOT / "plugins" / "module_utils" / name).read_text()
+
+
+def test_no_maintenance_switch_by_default(rendered):
+    root, _ = rendered
+    assert not (root / "node1/etc/kimi/maintenance").exists()
+
+
+@pytest.mark.skipif(not NODE_PYTHON.exists(), reason="no /usr/bin/python3 (the node's interpreter)")
+def test_the_copied_script_runs_under_the_nodes_python_alone(rendered, tmp_path):
+    root, _ = rendered
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    systemctl = fake_bin / "systemctl"
+    systemctl.write_text("#!/bin/sh\nprintf 'ActiveState=inactive\\nInvocationID=\\nExecMainStartTimestamp=\\n'\n")
+    systemctl.chmod(0o755)
+    script, config = root / "node2" / LIB_DIR / "kimi_watchdog.py", root / "node2/etc/kimi/watchdog.json"
+    done = subprocess.run(
+        [str(NODE_PYTHON), "-B", "-E", "-s", str(script), "--config", str(config), "--dry-run"],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "(dry run) kimi-vllm-headless.service: stopped: kimi-vllm-headless.service is inactive: "
+        "stopped by an operator, left stopped"
+    )
+
+
+def test_every_watchdog_unit_passes_systemd_analyze_verify(rendered, tmp_path):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed (apt-get install -y systemd)")
+    root, _ = rendered
+    for name in ("kimi-vllm-watchdog.service", "kimi-vllm-watchdog.timer"):
+        (tmp_path / name).write_text((root / "node1" / UNIT_DIR / name).read_text())
+    # verify checks that ExecStart's script exists where the unit says it is: it does not on this host.
+    service = tmp_path / "kimi-vllm-watchdog.service"
+    service.write_text(
+        service.read_text().replace("/usr/local/lib/kimi-watchdog/", str(root / "node1" / LIB_DIR) + "/")
+    )
+    for name in ("kimi-vllm-watchdog.service", "kimi-vllm-watchdog.timer"):
+        path = tmp_path / name
+        done = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", str(path)], capture_output=True, text=True, check=False
+        )
+        complaints = [line for line in done.stderr.splitlines() if str(path) in line or "Unknown" in line]
+        assert done.returncode == 0 and not complaints, f"{name}: {done.stderr}"
+
+
+def test_the_maintenance_switch_follows_the_variable_and_turning_the_watchdog_off_removes_it_all(rendered, tmp_path):
+    # One converged root, two switches (as -e gives them: strings): three runs instead of five.
+    root, _ = rendered
+    shutil.copytree(root, tmp_path, dirs_exist_ok=True, symlinks=True)
+    before = files_under(tmp_path)
+    assert "node2/etc/systemd/system/kimi-vllm-watchdog.timer" in before
+    serve(tmp_path, vllm_serve_watchdog_paused="true")
+    for node in ("node1", "node2"):
+        assert "paused" in (tmp_path / node / "etc/kimi/maintenance").read_text()
+    serve(tmp_path, vllm_serve_watchdog="false")
+    after = files_under(tmp_path)
+    assert not [name for name in after if "watchdog" in name or name.endswith("maintenance")], sorted(after)
+    assert {name for name in before if "watchdog" not in name} == set(after)
+    assert serve(tmp_path, vllm_serve_watchdog="false").changed == 0
+
+
+def test_check_mode_with_diff_writes_nothing(tmp_path):
+    outcome = serve(tmp_path, check=True)
+    assert outcome.changed > 0
+    assert not [path for path in tmp_path.rglob("*") if path.is_file()]
