@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.ansible
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help host-deps venv lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench clean
+.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -37,6 +37,26 @@ $(VENV)/.stamp: requirements-dev.txt
 
 venv: $(VENV)/.stamp ## Create .venv with the pinned toolchain (requirements-dev.txt)
 
+# promtool checks and tests the monitoring role's alert rules (tests/local/test_monitoring_rules.py). It comes from
+# the very Debian 12 package the role installs on the monitoring hosts, downloaded (apt verifies it against the
+# signed archive) and unpacked into .cache/: installing the package here would start a Prometheus daemon.
+PROMTOOL_DEB_VERSION := 2.42.0+ds-5+deb12u1
+PROMTOOL_CACHE := .cache/promtool
+PROMTOOL := $(PROMTOOL_CACHE)/usr/bin/promtool
+
+$(PROMTOOL):
+	@mkdir -p $(PROMTOOL_CACHE).deb
+	@# apt-get download needs the package lists; a fresh machine has none until apt-get update (root).
+	cd $(PROMTOOL_CACHE).deb && { apt-get download -q prometheus=$(PROMTOOL_DEB_VERSION) \
+		|| { apt-get update -qq && apt-get download -q prometheus=$(PROMTOOL_DEB_VERSION); }; }
+	rm -rf $(PROMTOOL_CACHE).unpacked && dpkg-deb -x $(PROMTOOL_CACHE).deb/prometheus_*.deb $(PROMTOOL_CACHE).unpacked
+	@# Only promtool is kept: the rest of the package (prometheus itself, example YAML) has no use here.
+	install -D -m 0755 $(PROMTOOL_CACHE).unpacked/usr/bin/promtool $@
+	rm -rf $(PROMTOOL_CACHE).unpacked $(PROMTOOL_CACHE).deb
+	$@ --version | sed -n 1p
+
+promtool: $(PROMTOOL) ## promtool from Debian's prometheus package, unpacked into .cache/ (nothing installed)
+
 lint: venv ## yamllint, ansible-lint (production profile), ruff, every module's DOCUMENTATION vs its spec
 	$(BIN)/yamllint -s .
 	$(BIN)/ruff check .
@@ -47,7 +67,7 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff, every module's 
 unit: venv ## Unit tests (seconds; no root, no lab), in two processes like tests/local
 	$(BIN)/pytest -q --durations=5 -n 2 --dist loadfile tests/unit
 
-local: venv ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
+local: venv promtool ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
 	$(BIN)/pytest -q --durations=15 -n 2 --dist loadfile -m "not slow" tests/local
 
 lab-build: host-deps venv ## Build (or reuse) the lab's cached base rootfs and mirrors
@@ -70,7 +90,7 @@ lab-test: lab-build ## Tests against the real lab (boots and tears down its own 
 # Order matters on shared nodes: preflight (which must find /data untouched) first, then the stack roles,
 # the checkpoint, and serving last (its prepare finds the stack and the checkpoint already there).
 MOLECULE_NODES := 2
-MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve
+MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring
 
 molecule: lab-build ## Every role's Molecule scenario, on one lab booted once for all of them
 	@unlisted=$$(for d in molecule/*/molecule.yml; do n=$$(basename $$(dirname $$d)); \

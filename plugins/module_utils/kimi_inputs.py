@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,7 +27,7 @@ from .kimi_layout import LAYOUTS
 from .kimi_presets import PlanInputError, find_gpu, find_model
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
-PHASES = ("preflight", "stack", "parity", "checkpoint", "serve", "verify")
+PHASES = ("preflight", "stack", "parity", "checkpoint", "serve", "monitoring", "verify")
 
 HEX_COMMIT = re.compile(r"[0-9a-f]{40}")
 # Hugging Face repository ids: a namespace and a name of letters, digits, '-', '_' and '.', 96 characters at most.
@@ -35,6 +35,10 @@ REPO_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?/[A-Za-z0-9](?:
 # A Debian version as apt pins it exactly: [epoch:]upstream[-revision], no wildcard, no space.
 DEBIAN_VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~]*(?:-[A-Za-z0-9.+~]+)?")
 INTERFACE_NAME = re.compile(r"[^\s/:]{1,15}")
+# A Prometheus duration: one or more number-unit pairs, largest unit first (30d, 1h30m, 500ms).
+PROMETHEUS_DURATION = re.compile(
+    r"(?:[0-9]+y)?(?:[0-9]+w)?(?:[0-9]+d)?(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?(?:[0-9]+ms)?"
+)
 TRUE_STRINGS = {"true", "yes", "on", "1", "y", "t"}
 FALSE_STRINGS = {"false", "no", "off", "0", "n", "f", ""}
 
@@ -59,6 +63,22 @@ PLAN_VARIABLES = {
     "language_model_only": "vllm_serve_language_model_only",
 }
 
+# A phase role's variable judged here -> the kimi variable its role default is (`checkpoint_repo_id: "{{
+# kimi_checkpoint_repo_id }}"` in roles/checkpoint/defaults/main.yml). The kimi role hands over only the phase
+# roles' variables an inventory or -e sets (their defaults are not in scope in its play), so an unset one is
+# judged by the kimi value the role will derive it from. test_kimi_inputs.py reads every role's defaults and fails
+# when this map and them disagree.
+DERIVED_FROM = {
+    "nvidia_driver_install": "kimi_nvidia_driver_install",
+    "checkpoint_repo_id": "kimi_checkpoint_repo_id",
+    "checkpoint_revision": "kimi_checkpoint_revision",
+    "checkpoint_allow_branch": "kimi_checkpoint_allow_branch",
+    "checkpoint_dir": "kimi_checkpoint_dir",
+    "vllm_serve_layout": "kimi_serve_layout",
+    "vllm_serve_language_model_only": "kimi_language_model_only",
+    "monitoring_enabled": "kimi_monitoring_enabled",
+}
+
 WHERE = "group_vars/all of your inventory (or host_vars/<host>, or -e)"
 
 
@@ -70,10 +90,13 @@ class Problem:
     phase: str
     message: str
     fix: str
+    # The kimi variable an unset `variable` takes its value from (DERIVED_FROM): setting either one fixes it.
+    derived_from: str = ""
 
     def text(self, hosts: Sequence[str]) -> str:
         needed = "read by every phase" if self.phase == "every" else f"needed by the {self.phase} phase"
-        return f"{', '.join(hosts)}: {self.variable} {self.message} ({needed}); {self.fix}"
+        name = f"{self.variable} (or {self.derived_from})" if self.derived_from else self.variable
+        return f"{', '.join(hosts)}: {name} {self.message} ({needed}); {self.fix}"
 
 
 def as_bool(value: Any) -> bool | None:
@@ -252,7 +275,7 @@ def stack_problems(values: Mapping[str, Any]) -> list[Problem]:
         )
     problems += _pip_pins(values, phase)
     problems += _bools(values, ("nvidia_driver_install", "nvidia_driver_fabricmanager", "cuda_profile"), phase)
-    if as_bool(values.get("nvidia_driver_install", False)):
+    if as_bool(values.get("nvidia_driver_install")):
         version = str(values.get("kimi_nvidia_driver_version", "")).strip()
         branch = str(values.get("kimi_nvidia_driver_branch", "")).strip()
         if not DEBIAN_VERSION.fullmatch(version):
@@ -317,7 +340,7 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
     else:
         problems += _repo_matches_model(repo, values.get("kimi_model"))
     revision = str(values.get("checkpoint_revision") or "")
-    allow_branch = as_bool(values.get("checkpoint_allow_branch", False))
+    allow_branch = as_bool(values.get("checkpoint_allow_branch"))
     problems += _bools(
         values,
         (
@@ -370,8 +393,8 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
 def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The serve layout name and the ports it binds."""
     phase, problems = "serve", []
-    layout = values.get("vllm_serve_layout", "mp")
-    if layout not in LAYOUTS:
+    layout = values.get("vllm_serve_layout")
+    if "vllm_serve_layout" in values and layout not in LAYOUTS:
         problems.append(
             Problem("vllm_serve_layout", phase, f"is not one of {', '.join(LAYOUTS)} (got {layout!r})", "pick one")
         )
@@ -381,10 +404,90 @@ def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+# The monitoring role's ports as its defaults set them (roles/monitoring/defaults/main.yml; a unit test keeps them
+# equal): a clash with vLLM's ports is judged whether or not the inventory sets them.
+MONITORING_PORTS = {
+    "monitoring_prometheus_port": 9090,
+    "monitoring_alertmanager_port": 9093,
+    "monitoring_node_exporter_port": 9100,
+}
+MONITORING_DURATIONS = (
+    "monitoring_retention",
+    "monitoring_scrape_interval",
+    "monitoring_evaluation_interval",
+    "monitoring_alert_group_wait",
+    "monitoring_alert_group_interval",
+    "monitoring_alert_repeat_interval",
+    "monitoring_alert_api_down_for",
+    "monitoring_alert_stall_for",
+    "monitoring_alert_kv_cache_for",
+    "monitoring_alert_preemptions_window",
+    "monitoring_alert_latency_for",
+    "monitoring_alert_drift_max_age",
+    "monitoring_alert_node_down_for",
+)
+
+
+def _durations(values: Mapping[str, Any], names: Sequence[str], phase: str) -> list[Problem]:
+    problems = []
+    for name in names:
+        text = str(values.get(name, "")).strip()
+        if name in values and (not text or not PROMETHEUS_DURATION.fullmatch(text)):
+            problems.append(
+                Problem(
+                    name, phase, f"is not a Prometheus duration (got {values[name]!r})", "write e.g. 15d, 12h or 30s"
+                )
+            )
+    return problems
+
+
+def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    """Every monitoring host must be a node of the group (its cluster address and facts come from there)."""
+    nodes = list(values.get("kimi_nodes_group") or [])
+    if "monitoring_hosts" in values:
+        name, hosts = "monitoring_hosts", values["monitoring_hosts"]
+    else:
+        name, hosts = "the kimi_monitoring group", values.get("kimi_monitoring_group") or []
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        return [Problem(name, phase, f"is not a list of host names (got {hosts!r})", "list inventory hosts")]
+    outside = [h for h in hosts if h not in nodes]
+    if not outside:
+        return []
+    return [
+        Problem(
+            name,
+            phase,
+            f"names {', '.join(outside)}, not in kimi_nodes",
+            "the monitoring hosts must be nodes of the group (kimi_nodes); leave it empty for rank 0's node",
+        )
+    ]
+
+
+def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The monitoring hosts, ports that clash with each other or with vLLM's, durations, the webhook URL."""
+    phase = "monitoring"
+    problems = _bools(values, ("monitoring_enabled",), phase)
+    enabled = as_bool(values.get("monitoring_enabled", True))
+    if problems or enabled is False:
+        return problems
+    problems += _monitoring_hosts(values, phase)
+    ports = {**MONITORING_PORTS, **{k: values[k] for k in MONITORING_PORTS if k in values}}
+    vllm_ports = ("kimi_api_port", "kimi_master_port")
+    problems += [p for p in _ports({**values, **ports}, (*vllm_ports, *ports), phase) if p.variable in ports]
+    problems += _durations(values, MONITORING_DURATIONS, phase)
+    webhook = str(values.get("monitoring_webhook_url") or "")
+    if webhook and urlsplit(webhook).scheme not in ("http", "https"):
+        problems.append(
+            Problem("monitoring_webhook_url", phase, f"is not an http(s) URL (got {webhook!r})", "or leave it empty")
+        )
+    return problems
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
     "stack": stack_problems,
     "checkpoint": checkpoint_problems,
     "serve": serve_problems,
+    "monitoring": monitoring_problems,
 }
 
 
@@ -412,14 +515,41 @@ def plan_problems(plan_result: Mapping[str, Any] | None) -> list[Problem]:
     ]
 
 
+def with_derived_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values as the phase roles will read them: an unset phase-role variable of DERIVED_FROM takes its kimi
+    variable's value. Also returns, per unset variable, that kimi variable (the messages name both)."""
+    resolved, derived = dict(values), {}
+    for variable, source in DERIVED_FROM.items():
+        if variable not in values:
+            derived[variable] = source
+            if source in values:
+                resolved[variable] = values[source]
+    return resolved, derived
+
+
+def name_both(problems: list[Problem], derived: Mapping[str, str]) -> list[Problem]:
+    """Each problem of a derived variable names its kimi variable too; one that repeats the kimi variable's own
+    problem (kimi_checkpoint_dir is judged for every phase) is that problem already and is dropped."""
+    own = {(p.variable, p.message) for p in problems}
+    named = []
+    for problem in problems:
+        source = derived.get(problem.variable)
+        if source is None:
+            named.append(problem)
+        elif (source, problem.message) not in own:
+            named.append(replace(problem, derived_from=source))
+    return named
+
+
 def host_problems(values: Mapping[str, Any], phases: Sequence[str]) -> list[Problem]:
     """Every problem of one host's values for the phases that will run."""
-    problems = common_problems(values)
+    resolved, derived = with_derived_values(values)
+    problems = common_problems(resolved)
     for phase in phases:
         check = CHECKS.get(phase)
         if check:
-            problems += check(values)
-    return problems
+            problems += check(resolved)
+    return name_both(problems, derived)
 
 
 def judge(

@@ -11,6 +11,9 @@ description:
     phase roles' variables an inventory or -e sets), that is a checkpoint revision that is a 40-hex commit, a
     repository id of the form org/name that is the model's, exact and consistent pins, distinct ports,
     absolute paths, a known model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
+  - A phase role's variable the inventory leaves unset is judged by the kimi variable its role default derives
+    from (C(checkpoint_repo_id) by C(kimi_checkpoint_repo_id); DERIVED_FROM in plugins/module_utils/kimi_inputs.py),
+    and its problem names both, e.g. C(checkpoint_repo_id (or kimi_checkpoint_repo_id) is not set).
   - Each problem names the hosts, the variable, the phase that needs it and how to set it; the same problem on
     several hosts is one entry. The kimi role calls it once per host (so that any strategy works, C(free)
     included) and hands the plan to the first host's call only.

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 
 from module_utils import kimi_inputs as ki
+from tests import paths
 
 GOOD = {
     "kimi_model": "kimi-k2.7-code",
@@ -178,3 +182,158 @@ def test_the_failure_message_lists_every_problem_once():
         message.splitlines()[0] == "2 inputs refused before any node was changed (phases checked: stack, checkpoint):"
     )
     assert len(message.splitlines()) == 3
+
+
+# ---------------------------------------------------------------- phase-role variables left to their defaults
+PINNED = {"checkpoint_repo_id": ki, "checkpoint_revision": ki}  # unset: the role default derives them
+KIMI_PINS = {
+    "kimi_checkpoint_repo_id": GOOD["checkpoint_repo_id"],
+    "kimi_checkpoint_revision": GOOD["checkpoint_revision"],
+}
+
+
+def test_the_kimi_checkpoint_values_alone_pass():
+    # The inventory sets the kimi role's single-source values only; the checkpoint role derives its own from them.
+    assert problems(**PINNED, **KIMI_PINS) == []
+
+
+def test_a_bad_kimi_value_is_refused_naming_both_variables():
+    problem = only(problems(**PINNED, **{**KIMI_PINS, "kimi_checkpoint_revision": "main"}), "checkpoint_revision")
+    assert problem["phase"] == "checkpoint" and "40-hex commit" in problem["message"]
+    assert problem["text"].startswith("node1, node2: checkpoint_revision (or kimi_checkpoint_revision) is not a 40-hex")
+
+
+def test_neither_set_names_both_variables():
+    found = problems(**PINNED, kimi_checkpoint_repo_id="", kimi_checkpoint_revision="")
+    assert [p["text"].split(" is not set")[0] for p in found] == [
+        "node1, node2: checkpoint_repo_id (or kimi_checkpoint_repo_id)",
+        "node1, node2: checkpoint_revision (or kimi_checkpoint_revision)",
+    ]
+
+
+def test_the_phase_roles_own_value_wins_and_is_named_alone():
+    # As in the play: an inventory's checkpoint_revision overrides the role default, whatever the kimi value.
+    assert problems(kimi_checkpoint_revision="main") == []
+    problem = only(
+        problems(checkpoint_revision="main", kimi_checkpoint_revision=GOOD["checkpoint_revision"]),
+        "checkpoint_revision",
+    )
+    assert problem["text"].startswith("node1, node2: checkpoint_revision is not a 40-hex")
+
+
+def test_the_driver_is_judged_when_the_kimi_switch_installs_it():
+    problem = only(
+        problems(kimi_nvidia_driver_install=True, kimi_nvidia_driver_version="575.1-1"), "kimi_nvidia_driver_version"
+    )
+    assert "branch 580" in problem["message"]
+    assert problems(kimi_nvidia_driver_install=True, nvidia_driver_install=False, kimi_nvidia_driver_version="x") == []
+
+
+def test_the_kimi_serve_layout_is_judged_as_the_serve_layout():
+    problem = only(problems(kimi_serve_layout="k8s"), "vllm_serve_layout")
+    assert problem["text"].startswith("node1, node2: vllm_serve_layout (or kimi_serve_layout) is not one of")
+    assert problems(kimi_serve_layout="dp_ep") == []
+
+
+def test_a_kimi_value_every_phase_reads_is_refused_once():
+    # checkpoint_dir derives from kimi_checkpoint_dir, which is judged for every phase: one problem, not two.
+    problem = only(problems(kimi_checkpoint_dir="models"), "kimi_checkpoint_dir")
+    assert problem["phase"] == "every"
+
+
+KIMI_ROLE = paths.REPO_ROOT / "roles" / "kimi"
+WHOLE_KIMI_VALUE = re.compile(r"\{\{\s*(kimi_\w+)\s*\}\}")
+
+
+def derived_role_defaults() -> dict[str, str]:
+    """Every phase role's default whose whole value is one kimi variable: {variable: kimi variable}."""
+    derived = {}
+    for path in sorted(paths.REPO_ROOT.glob("roles/*/defaults/main.yml")):
+        if path.parts[-3] == "kimi":
+            continue
+        for name, value in (yaml.safe_load(path.read_text()) or {}).items():
+            match = WHOLE_KIMI_VALUE.fullmatch(value.strip()) if isinstance(value, str) else None
+            if match:
+                derived[name] = match.group(1)
+    return derived
+
+
+def test_the_derived_map_is_the_roles_defaults():
+    # The phase-role variables the kimi role hands to the judge (roles/kimi/vars/main.yml), and of those the ones
+    # a role default derives from a kimi variable: exactly DERIVED_FROM, so a changed default cannot drift from it.
+    handed = yaml.safe_load((KIMI_ROLE / "vars" / "main.yml").read_text())["kimi_input_variables"]
+    expected = {name: source for name, source in derived_role_defaults().items() if name in handed}
+    assert expected == ki.DERIVED_FROM
+
+
+def test_every_kimi_variable_of_the_map_reaches_the_judge():
+    # roles/kimi/tasks/inputs.yml hands over the kimi role's argument spec options: a kimi variable outside it
+    # would never arrive, and its phase variable would be judged as unset.
+    spec = yaml.safe_load((KIMI_ROLE / "meta" / "argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]
+    assert set(ki.DERIVED_FROM.values()) <= set(options)
+
+
+def test_the_map_scan_reads_a_whole_kimi_value_only():
+    assert WHOLE_KIMI_VALUE.fullmatch("{{ kimi_checkpoint_repo_id }}").group(1) == "kimi_checkpoint_repo_id"
+    assert WHOLE_KIMI_VALUE.fullmatch("{{ kimi_data_dir }}/models") is None
+    assert WHOLE_KIMI_VALUE.fullmatch("{{ kimi_x | default('') }}") is None
+
+
+# ------------------------------------------------------------------------------------------ monitoring
+
+NODES = {"kimi_nodes_group": ["gn-h100-node1", "gn-h100-node2"], "kimi_monitoring_group": []}
+
+
+def monitoring(**changes):
+    return problems(phases=["monitoring"], **{**NODES, **changes})
+
+
+def test_good_monitoring_inputs_pass():
+    assert monitoring() == []
+    assert monitoring(kimi_monitoring_group=["gn-h100-node2"], monitoring_retention="30d") == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "variable", "words"),
+    [
+        (
+            {"kimi_monitoring_group": ["grafana-box"]},
+            "the kimi_monitoring group",
+            "names grafana-box, not in kimi_nodes",
+        ),
+        ({"monitoring_hosts": ["gn-h100-node9"]}, "monitoring_hosts", "names gn-h100-node9, not in kimi_nodes"),
+        ({"monitoring_prometheus_port": 8000}, "monitoring_prometheus_port", "the same port as kimi_api_port"),
+        ({"monitoring_node_exporter_port": "29501"}, "monitoring_node_exporter_port", "same port as kimi_master_port"),
+        ({"kimi_api_port": 9100}, "monitoring_node_exporter_port", "is 9100, the same port as kimi_api_port"),
+        ({"monitoring_alertmanager_port": 9090}, "monitoring_alertmanager_port", "same port as monitoring_prometheus"),
+        ({"monitoring_retention": "15 days"}, "monitoring_retention", "is not a Prometheus duration"),
+        ({"monitoring_retention": ""}, "monitoring_retention", "is not a Prometheus duration"),
+        ({"monitoring_alert_stall_for": "3"}, "monitoring_alert_stall_for", "is not a Prometheus duration"),
+        ({"monitoring_webhook_url": "hooks.example/x"}, "monitoring_webhook_url", "is not an http(s) URL"),
+        ({"monitoring_enabled": "maybe"}, "monitoring_enabled", "is not a boolean"),
+    ],
+)
+def test_bad_monitoring_inputs_are_refused_with_the_variable_named(changes, variable, words):
+    (found,) = [p for p in monitoring(**changes) if p["variable"] == variable]
+    assert words in found["message"], found["text"]
+    assert found["phase"] == "monitoring"
+
+
+@pytest.mark.parametrize("duration", ["15d", "1h30m", "500ms", "2w", "1y", "90s"])
+def test_prometheus_durations_pass(duration):
+    assert monitoring(monitoring_retention=duration, monitoring_alert_latency_for=duration) == []
+
+
+def test_a_disabled_monitoring_phase_is_not_judged():
+    assert monitoring(kimi_monitoring_enabled=False, monitoring_retention="forever") == []
+    assert monitoring(monitoring_enabled="false", kimi_monitoring_group=["elsewhere"]) == []
+
+
+def test_the_monitoring_ports_equal_the_role_defaults():
+    defaults = yaml.safe_load((paths.REPO_ROOT / "roles/monitoring/defaults/main.yml").read_text())
+    assert {name: defaults[name] for name in ki.MONITORING_PORTS} == ki.MONITORING_PORTS
+    durations = {name for name, value in defaults.items() if name in ki.MONITORING_DURATIONS}
+    assert durations == set(ki.MONITORING_DURATIONS)
+    handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
+    assert set(ki.MONITORING_DURATIONS) <= set(handed_over)
