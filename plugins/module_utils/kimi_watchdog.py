@@ -52,6 +52,7 @@ VERDICTS = (
     "transition",  # systemd is starting or stopping the unit
     "loading",  # within the load grace
     "healthy",
+    "busy",  # a headless rank's view: rank 0 accepted /health but answered slowly
     "suspect",  # a failing check, fewer than the threshold in a row
     "waiting",  # not serving, but the fix is another node's (or still too early to tell)
     "unknown",  # nothing to judge with
@@ -66,6 +67,9 @@ TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 # A socket that rank 0 closed and this rank has still not closed one check later is abandoned: a single
 # sighting may be the instant between rank 0's FIN and the rank's own close.
 CLOSED_CONFIRMATIONS = 2
+# An HTTP request whose connection was not made in time (a rank 0 whose node is down); "timeout" is an answer
+# that did not come in time on a connection that was made (a rank 0 that is there but slow).
+CONNECT_TIMEOUT = "connect timeout"
 METRICS_FILE = "kimi_watchdog.prom"
 DEFAULT_CONFIG = "/etc/kimi/watchdog.json"
 # Debian's node-exporter reads this directory; Debian 12 ships 0755 root.
@@ -368,6 +372,10 @@ def _judge_headless(config: Config, state: State, obs: Observation) -> tuple[_Fi
         ), state
     if health_ok:
         return _Finding("healthy", "rank 0 answers /health"), replace(state, failures=0)
+    if obs.health is not None and obs.health.error == "timeout":
+        # Rank 0 accepted the connection and is slow to answer (a busy API server on a loaded host, measured on the
+        # lab's two cores during verify's benchmark): it is there. A hung group is rank 0's own watchdog's to see.
+        return _Finding("busy", "rank 0 accepted /health but answered slowly: it is alive"), replace(state, failures=0)
     if state.served:
         return _rank0_failing(config, replace(state, failures=state.failures + 1), obs)
     return _never_joined(config, obs), replace(state, failures=0)
@@ -674,6 +682,10 @@ def http_request(url: str, body: bytes | None, headers: Mapping[str, str], timeo
     except urllib.error.HTTPError as error:
         return Http(error.code, f"HTTP {error.code}"), ""
     except urllib.error.URLError as error:
+        # urllib wraps what happens before the request is sent (the connection): a connect timeout is a rank 0
+        # that is not there, unlike a slow answer below.
+        if isinstance(error.reason, TimeoutError):
+            return Http(0, CONNECT_TIMEOUT), ""
         return Http(0, _network_error(error.reason)), ""
     except (OSError, http.client.HTTPException) as error:
         return Http(0, _network_error(error)), ""
@@ -683,6 +695,7 @@ def _network_error(reason: object) -> str:
     if isinstance(reason, ConnectionRefusedError):
         return "refused"
     if isinstance(reason, TimeoutError):
+        # Raised while waiting for the answer: rank 0 accepted the connection but did not answer in time.
         return "timeout"
     return f"unreachable ({reason})"
 
