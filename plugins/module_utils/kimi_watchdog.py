@@ -373,8 +373,8 @@ def _judge_headless(config: Config, state: State, obs: Observation) -> tuple[_Fi
     if health_ok:
         return _Finding("healthy", "rank 0 answers /health"), replace(state, failures=0)
     if obs.health is not None and obs.health.error == "timeout":
-        # Rank 0 accepted the connection and is slow to answer (a busy API server on a loaded host, measured on the
-        # lab's two cores during verify's benchmark): it is there. A hung group is rank 0's own watchdog's to see.
+        # Rank 0 accepted the connection and is slow to answer (a busy API server on a loaded host): it is there.
+        # A hung group is rank 0's own watchdog's to see.
         return _Finding("busy", "rank 0 accepted /health but answered slowly: it is alive"), replace(state, failures=0)
     if state.served:
         return _rank0_failing(config, replace(state, failures=state.failures + 1), obs)
