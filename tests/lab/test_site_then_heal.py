@@ -34,6 +34,8 @@ RECEIVER_PORT = 18093
 HEAL_BOUND_S = 300
 ALERT_BOUND_S = 180
 UNITS = {"node1": "kimi-vllm.service", "node2": "kimi-vllm-headless.service"}
+# Alerts about what happened within a window (a restart in the last 15 minutes), not about the present state.
+HISTORY_ALERTS = {"KimiWatchdogRestartedGroup"}
 
 
 def routes_via_lab_bridge(address: str) -> None:
@@ -116,6 +118,13 @@ def watchdog_journal(lab, node: str) -> str:
     return lab.ssh(node, "journalctl --no-pager -u kimi-vllm-watchdog.service -n 200 -o cat").stdout
 
 
+def last_verdict(lab, node: str) -> str:
+    """The watchdog's own last line (systemd's Starting/Finished lines of the oneshot left out)."""
+    lines = [line for line in watchdog_journal(lab, node).splitlines() if line.startswith(f"{UNITS[node]}: ")]
+    assert lines, f"{node}: no watchdog verdict in the journal"
+    return lines[-1]
+
+
 def power_cycle(lab, node: str) -> float:
     """lab crash (a power cut: no clean shutdown) then lab start; returns when the node is back."""
     for step in (("crash", node), ("start", node)):
@@ -141,8 +150,13 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_query_returns_data(
     groups = prometheus("/api/v1/rules")["groups"]
     rules = [r for g in groups for r in g["rules"]]
     assert rules and all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
-    firing = [r["name"] for r in rules if r["state"] == "firing"]
-    assert not firing, f"alerts firing on a healthy group: {firing}"
+    # An earlier test may have just repaired what it broke (a marker, a unit): its alert resolves within a few
+    # scrape and evaluation intervals. A watchdog restart stays in KimiWatchdogRestartedGroup's window by design.
+    deadline = time.monotonic() + 60
+    while firing := [r["name"] for r in rules if r["state"] == "firing" and r["name"] not in HISTORY_ALERTS]:
+        assert time.monotonic() < deadline, f"alerts firing on a healthy group: {firing}"
+        time.sleep(5)
+        rules = [r for g in prometheus("/api/v1/rules")["groups"] for r in g["rules"]]
 
     # The converge's verify phase ran vLLM's benchmark (and drift and parity ran before this file): every panel
     # has data to show.
@@ -165,9 +179,10 @@ def heal_after_power_cut(lab, receiver, node: str, alerts: tuple[str, ...]) -> d
     assert figures["heal_s"] <= HEAL_BOUND_S, figures
     for alert in alerts:
         fired = receiver.wait_for(alert, "firing", since=cut, timeout=ALERT_BOUND_S)
-        resolved = receiver.wait_for(alert, "resolved", since=fired, timeout=ALERT_BOUND_S)
         figures[f"{alert}_fired_after_back_s"] = fired - back
-        figures[f"{alert}_resolved_after_serving_s"] = resolved - served
+        if alert not in HISTORY_ALERTS:
+            resolved = receiver.wait_for(alert, "resolved", since=fired, timeout=ALERT_BOUND_S)
+            figures[f"{alert}_resolved_after_serving_s"] = resolved - served
     print(f"power cut of {node}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
     return figures
 
@@ -185,7 +200,9 @@ def test_a_power_cut_of_rank_0_heals_by_itself_and_the_api_down_alert_fires_and_
 
 
 def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_and_resolve(serving, receiver):
-    heal_after_power_cut(serving, receiver, "node2", ("KimiNodeDown", "KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
+    # (lab crash + lab start is over in seconds, well within KimiNodeDown's `for`: that alert has its promtool
+    # cases.)
+    heal_after_power_cut(serving, receiver, "node2", ("KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
     # Rank 0 answered /health but generated nothing: its watchdog restarted it, naming why.
     assert restarts_logged(serving, "node1", "rank0_stalled"), watchdog_journal(serving, "node1")
     restarts = prometheus("/api/v1/query", query="sum(kimi_watchdog_restarts_total)")["result"]
@@ -205,17 +222,17 @@ def test_a_paused_watchdog_does_not_heal_and_a_stopped_group_stays_stopped(servi
         rank0 = invocation(serving, "node1")
         pid = serving.ssh("node2", f"systemctl show -p MainPID --value {UNITS['node2']}").stdout.strip()
         assert serving.ssh("node2", f"kill -9 {pid}").returncode == 0
-        time.sleep(60)
+        time.sleep(45)
         assert invocation(serving, "node1") == rank0, "the paused watchdog restarted rank 0"
-        assert "paused" in watchdog_journal(serving, "node1").splitlines()[-1]
+        assert " paused" in last_verdict(serving, "node1")
         # An operator stops the group on every node and ends maintenance: it stays stopped.
         for node, unit in UNITS.items():
             assert serving.ssh(node, f"systemctl stop {unit} && rm -f {maintenance}").returncode == 0
-        time.sleep(60)
+        time.sleep(30)
         for node, unit in UNITS.items():
             state = serving.ssh(node, f"systemctl is-active {unit} || true").stdout.strip()
             assert state == "inactive", f"{node}: {unit} is {state} after an operator stopped it"
-            assert "stopped" in watchdog_journal(serving, node).splitlines()[-1]
+            assert " stopped" in last_verdict(serving, node)
     finally:
         for node in UNITS:
             serving.ssh(node, f"rm -f {maintenance}")

