@@ -328,12 +328,14 @@ def _judge_rank0(config: Config, state: State, obs: Observation) -> tuple[_Findi
         how = "answered a one-token request" if obs.probe is not None else "answers /health (not probed)"
         return _Finding("healthy", f"rank 0 {how}"), replace(state, failures=0)
     state = replace(state, failures=state.failures + 1)
-    why = _stall(obs)
-    if state.failures >= config.stall_checks:
-        return _Finding(
-            "restart", f"{why}, {state.failures} checks in a row: the group is hung", "rank0_stalled"
-        ), state
-    return _Finding("suspect", f"{why} ({state.failures}/{config.stall_checks})"), state
+    return _streak(_stall(obs), state.failures, config.stall_checks, "the group is hung", "rank0_stalled"), state
+
+
+def _streak(why: str, failures: int, needed: int, meaning: str, reason: str) -> _Finding:
+    """A failing check: suspect until `needed` in a row, then a restart for `reason`."""
+    if failures >= needed:
+        return _Finding("restart", f"{why}, {failures} checks in a row: {meaning}", reason)
+    return _Finding("suspect", f"{why} ({failures}/{needed})")
 
 
 def _rank0_not_served_yet(config: Config, age: float) -> _Finding:
@@ -395,11 +397,8 @@ def _closed_rendezvous(config: Config, state: State) -> _Finding:
 def _rank0_failing(config: Config, state: State, obs: Observation) -> tuple[_Finding, State]:
     health = obs.health.describe() if obs.health is not None else "not asked"
     why = f"rank 0's /health: {health} after it answered during this rank's run"
-    if state.failures >= config.lost_checks:
-        return _Finding(
-            "restart", f"{why}, {state.failures} checks in a row: the group this rank joined is gone", "rank0_lost"
-        ), state
-    return _Finding("suspect", f"{why} ({state.failures}/{config.lost_checks})"), state
+    meaning = "the group this rank joined is gone"
+    return _streak(why, state.failures, config.lost_checks, meaning, "rank0_lost"), state
 
 
 def _never_joined(config: Config, obs: Observation) -> _Finding:
