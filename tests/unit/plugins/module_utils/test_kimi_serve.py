@@ -250,11 +250,8 @@ def test_a_never_started_rank_0_does_not_compare_start_times():
     assert group_restart_reasons(nodes, probe_ok=None) == ["node1: kimi-vllm.service is inactive"]
 
 
-SS_RANK_0_GONE = """\
-LISTEN     0 4096       0.0.0.0:22                  0.0.0.0:*
-ESTAB      0 0      198.18.0.12:22              198.18.0.1:40112
-CLOSE-WAIT 1 0      [::ffff:198.18.0.12]:60360 [::ffff:198.18.0.11]:29501
-"""
+# `ss -Htan` on node2 after rank 0 restarted alone (the lab): one recording for the serve phase and the watchdog.
+SS_RANK_0_GONE = (paths.FIXTURES / "ss" / "headless-rank0-gone.txt").read_text()
 SS_JOINED = """\
 LISTEN     0 4096       0.0.0.0:22                  0.0.0.0:*
 ESTAB      0 0      [::ffff:198.18.0.12]:60360 [::ffff:198.18.0.11]:29501
