@@ -410,6 +410,7 @@ MONITORING_PORTS = {
     "monitoring_prometheus_port": 9090,
     "monitoring_alertmanager_port": 9093,
     "monitoring_node_exporter_port": 9100,
+    "monitoring_dcgm_exporter_port": 9400,
 }
 MONITORING_DURATIONS = (
     "monitoring_retention",
@@ -425,6 +426,7 @@ MONITORING_DURATIONS = (
     "monitoring_alert_latency_for",
     "monitoring_alert_drift_max_age",
     "monitoring_alert_node_down_for",
+    "monitoring_alert_dcgm_down_for",
 )
 
 
@@ -466,7 +468,7 @@ def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
 def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The monitoring hosts, ports that clash with each other or with vLLM's, durations, the webhook URL."""
     phase = "monitoring"
-    problems = _bools(values, ("monitoring_enabled",), phase)
+    problems = _bools(values, ("monitoring_enabled", "monitoring_dcgm_exporter_enabled"), phase)
     enabled = as_bool(values.get("monitoring_enabled", True))
     if problems or enabled is False:
         return problems

@@ -142,7 +142,14 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_query_returns_data(
         if all(h == "up" for h in health.values()) or time.monotonic() > deadline:
             break
         time.sleep(2)
-    assert set(health) >= {("kimi-vllm", "node1"), ("node", "node1"), ("node", "node2"), ("prometheus", "node1")}
+    assert set(health) >= {
+        ("kimi-vllm", "node1"),
+        ("node", "node1"),
+        ("node", "node2"),
+        ("dcgm", "node1"),
+        ("dcgm", "node2"),
+        ("prometheus", "node1"),
+    }
     assert all(h == "up" for h in health.values()), health
     durations = [t["lastScrapeDuration"] for t in targets]
     print(f"scrape: {len(targets)} targets up, slowest scrape {max(durations) * 1000:.1f} ms")

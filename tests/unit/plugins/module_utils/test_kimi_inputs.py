@@ -312,6 +312,9 @@ def test_good_monitoring_inputs_pass():
         ({"monitoring_alert_stall_for": "3"}, "monitoring_alert_stall_for", "is not a Prometheus duration"),
         ({"monitoring_webhook_url": "hooks.example/x"}, "monitoring_webhook_url", "is not an http(s) URL"),
         ({"monitoring_enabled": "maybe"}, "monitoring_enabled", "is not a boolean"),
+        ({"monitoring_dcgm_exporter_port": 9100}, "monitoring_dcgm_exporter_port", "same port as monitoring_node_exp"),
+        ({"monitoring_dcgm_exporter_enabled": "gpu"}, "monitoring_dcgm_exporter_enabled", "is not a boolean"),
+        ({"monitoring_alert_dcgm_down_for": "5 min"}, "monitoring_alert_dcgm_down_for", "is not a Prometheus duration"),
     ],
 )
 def test_bad_monitoring_inputs_are_refused_with_the_variable_named(changes, variable, words):
