@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.ansible
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench clean
+.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench gpu-facts clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -131,6 +131,14 @@ demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 
 bench: venv ## Print the benchmark figures
 	@for b in bench/bench_*.py; do [ -e "$$b" ] && $(PY) $$b; done
+
+# Run on a machine with an NVIDIA GPU (docs/gpu-facts.md): any python3 >= 3.10 (stdlib only, so no `make venv`),
+# no vLLM, no network, at most 8 minutes. PIP_VENV names the venv whose python runs the torch and NCCL probes.
+GPU_FACTS_OUT ?= gpu-facts
+PIP_VENV ?=
+
+gpu-facts: ## Record this GPU machine's nvidia-smi, torch and NCCL facts as fixtures into GPU_FACTS_OUT
+	python3 bin/kimi-gpu-facts --out $(GPU_FACTS_OUT)$(if $(PIP_VENV), --pip-venv $(PIP_VENV))
 
 clean: lab-down ## Tear down the lab and remove the venv and local Ansible state
 	rm -rf $(VENV) .ansible .pytest_cache .ruff_cache
