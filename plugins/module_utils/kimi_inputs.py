@@ -76,6 +76,9 @@ DERIVED_FROM = {
     "checkpoint_dir": "kimi_checkpoint_dir",
     "vllm_serve_layout": "kimi_serve_layout",
     "vllm_serve_language_model_only": "kimi_language_model_only",
+    "vllm_serve_max_num_batched_tokens": "kimi_max_num_batched_tokens",
+    "vllm_serve_enforce_eager": "kimi_enforce_eager",
+    "vllm_serve_kv_cache_memory_from_plan": "kimi_kv_cache_memory_from_plan",
     "monitoring_enabled": "kimi_monitoring_enabled",
 }
 
@@ -400,7 +403,12 @@ def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
         )
     ports = ("kimi_api_port", "kimi_master_port", "vllm_serve_data_parallel_rpc_port")
     problems += [p for p in _ports(values, ports, phase) if p.variable == "vllm_serve_data_parallel_rpc_port"]
-    problems += _bools(values, ("vllm_serve_language_model_only", "vllm_serve_manage_services"), phase)
+    problems += _bools(
+        values, ("vllm_serve_language_model_only", "vllm_serve_manage_services", "vllm_serve_enforce_eager"), phase
+    )
+    name = "vllm_serve_kv_cache_memory_from_plan"
+    if name in values and str(values[name]).strip().lower() != "auto" and as_bool(values[name]) is None:
+        problems.append(Problem(name, phase, f"is not auto, true or false (got {values[name]!r})", "pick one"))
     return problems
 
 

@@ -66,6 +66,10 @@ class ServeSpec:
     gpu_memory_utilization: float = 0.0  # 0 leaves vLLM's default
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+    enforce_eager: bool = False  # kimi_enforce_eager: no CUDA graphs (the planner then models none)
+    # The planner's per-GPU KV budget (plan key kv_cache_memory_bytes; 0 leaves vLLM to profile its own): vLLM
+    # then sizes the KV cache from this number and ignores gpu_memory_utilization, so it logs the planned tokens.
+    kv_cache_memory_bytes: int = 0
     extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
 
     @property
@@ -181,6 +185,10 @@ def _capacity_flags(spec: ServeSpec) -> list[str]:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    if spec.kv_cache_memory_bytes:
+        argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes)]
+    if spec.enforce_eager:
+        argv.append("--enforce-eager")
     return argv
 
 
@@ -303,22 +311,55 @@ def parse_startup_log(text: str) -> dict[str, Any]:
     }
 
 
-def compare_kv(logged: dict[str, Any], predicted_tokens: int | None) -> dict[str, Any]:
-    """vLLM's logged KV tokens next to the planner's prediction, with the difference."""
+def _relative(logged: float, predicted: float) -> float | None:
+    return None if not predicted else (logged - predicted) / predicted
+
+
+def compare_kv(
+    logged: dict[str, Any],
+    predicted_tokens: int | None,
+    predicted_kv_gib: float | None = None,
+    *,
+    budget_from_plan: bool = False,
+    warn_share: float = 0.02,
+) -> dict[str, Any]:
+    """vLLM's logged KV tokens and budget next to the planner's prediction, with the differences.
+
+    With the planned budget passed to vLLM (budget_from_plan, --kv-cache-memory-bytes) the tokens must be equal
+    by construction. Without it vLLM profiles its own budget, and a gap over warn_share (relative, on tokens or
+    budget) is a warning: the plan's overhead model missed something on this machine.
+    """
     tokens = logged.get("kv_tokens")
-    report = {"logged_kv_tokens": tokens, "predicted_kv_tokens": predicted_tokens}
+    budget = logged.get("available_kv_gib")
+    report: dict[str, Any] = {
+        "logged_kv_tokens": tokens,
+        "predicted_kv_tokens": predicted_tokens,
+        "logged_kv_gib": budget,
+        "predicted_kv_gib": predicted_kv_gib,
+        "budget_from_plan": budget_from_plan,
+        "warnings": [],
+    }
     if tokens is None or predicted_tokens is None:
         report.update(match=None, difference=None, summary="KV tokens: not logged or not predicted")
         return report
     difference = tokens - predicted_tokens
-    report.update(
-        match=difference == 0,
-        difference=difference,
-        summary=(
-            f"KV tokens: vLLM logged {tokens:,}, the planner predicted {predicted_tokens:,}"
-            + (" (equal)" if difference == 0 else f" (difference {difference:+,})")
-        ),
+    token_share = _relative(tokens, predicted_tokens)
+    budget_share = _relative(budget, predicted_kv_gib) if budget is not None and predicted_kv_gib else None
+    report.update(match=difference == 0, difference=difference, tokens_share=token_share, budget_share=budget_share)
+    summary = f"KV tokens: vLLM logged {tokens:,}, the planner predicted {predicted_tokens:,}" + (
+        " (equal)" if difference == 0 else f" (difference {difference:+,})"
     )
+    if budget_share is not None:
+        summary += f"; KV budget {budget:.2f} GiB logged, {predicted_kv_gib:.2f} GiB planned ({budget_share:+.1%})"
+    report["summary"] = summary
+    if not budget_from_plan:
+        gaps = [share for share in (token_share, budget_share) if share is not None and abs(share) > warn_share]
+        if gaps:
+            report["warnings"].append(
+                f"vLLM profiled its own KV budget and it differs from the plan by {max(gaps, key=abs):+.1%} (over "
+                f"{warn_share:.0%}): set kimi_kv_cache_memory_from_plan to pass the planned budget, or read the "
+                "plan's overhead terms (docs/planner.md)"
+            )
     return report
 
 

@@ -80,8 +80,15 @@ INT_FIELDS = (
     "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "kv_cache_memory_bytes",
 )
-BOOL_FIELDS = ("enable_expert_parallel", "trust_remote_code", "enable_auto_tool_choice", "language_model_only")
+BOOL_FIELDS = (
+    "enable_expert_parallel",
+    "trust_remote_code",
+    "enable_auto_tool_choice",
+    "language_model_only",
+    "enforce_eager",
+)
 
 
 def _as_bool(value: object) -> bool:

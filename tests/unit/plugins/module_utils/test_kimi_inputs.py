@@ -146,6 +146,18 @@ def test_serve_layout_and_ports():
     assert "same port as kimi_api_port" in problem["message"]
 
 
+def test_the_planned_budget_switch_takes_auto_or_a_boolean():
+    for good in ("auto", "AUTO", True, "false", "yes"):
+        assert [p for p in problems(vllm_serve_kv_cache_memory_from_plan=good) if p["phase"] == "serve"] == []
+    problem = only(problems(vllm_serve_kv_cache_memory_from_plan="sometimes"), "vllm_serve_kv_cache_memory_from_plan")
+    assert "is not auto, true or false (got 'sometimes')" in problem["message"]
+    # Unset, the kimi value stands in and is named beside it.
+    problem = only(problems(kimi_kv_cache_memory_from_plan="maybe"), "vllm_serve_kv_cache_memory_from_plan")
+    assert "kimi_kv_cache_memory_from_plan" in problem["text"]
+    problem = only(problems(vllm_serve_enforce_eager="eager"), "vllm_serve_enforce_eager")
+    assert "is not a boolean" in problem["message"]
+
+
 def test_only_the_phases_that_run_are_judged():
     bad = {"checkpoint_revision": "main", "kimi_libnccl2_version": ""}
     assert {p["phase"] for p in problems(**bad)} == {"checkpoint", "stack"}

@@ -149,6 +149,30 @@ def test_compare_kv_reports_the_difference():
     assert compare_kv(parse_startup_log(""), 1)["match"] is None
 
 
+H200_LOG = "Available KV cache memory: 40.00 GiB\nGPU KV cache size: 1,000,000 tokens\n"
+
+
+def test_compare_kv_warns_over_two_percent_only_when_vllm_profiled_its_own_budget():
+    logged = parse_startup_log(H200_LOG)
+    close = compare_kv(logged, 1_010_000, 40.5)
+    assert close["warnings"] == [] and close["budget_share"] == pytest.approx(-0.5 / 40.5)
+    assert "KV budget 40.00 GiB logged, 40.50 GiB planned" in close["summary"]
+    far = compare_kv(logged, 1_100_000, 44.0)
+    (warning,) = far["warnings"]
+    assert "-9.1%" in warning and "kimi_kv_cache_memory_from_plan" in warning
+    # With the planned budget passed to vLLM a gap is a mismatch (require_match), never a warning.
+    assert compare_kv(logged, 1_100_000, 44.0, budget_from_plan=True)["warnings"] == []
+    assert compare_kv(logged, 1_100_000, 44.0, warn_share=0.2)["warnings"] == []
+
+
+def test_the_planned_budget_and_eager_mode_reach_the_argv():
+    argv = plan_nodes(replace(MP, kv_cache_memory_bytes=42_949_672_960, enforce_eager=True))["n1"]["argv"]
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "42949672960"
+    assert "--enforce-eager" in argv
+    plain = plan_nodes(MP)["n1"]["argv"]
+    assert "--kv-cache-memory-bytes" not in plain and "--enforce-eager" not in plain
+
+
 RAY_STATUS = """======== Autoscaler status: 2026-01-01 ========
 Node status
 ---------------------------------------------------------------
