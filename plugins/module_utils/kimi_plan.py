@@ -19,6 +19,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .kimi_layout import GPU_COUNT, Layout, layout_problems
+from .kimi_overhead import (
+    DEFAULT_ALL2ALL_BACKEND,
+    PINNED_VLLM_VERSION,
+    OverheadInputs,
+    logged_concurrency,
+    logged_kv_tokens,
+    requested_bytes,
+    stage_overhead_bytes,
+    supports_kv_cache_memory_bytes,
+)
 from .kimi_presets import BF16_BYTES, FP32_BYTES, GIB, UNQUANTIZED, GpuSpec, ModelSpec, PlanInputError, WeightFormat
 
 # ---------------------------------------------------------------------------------------------------------
@@ -261,10 +271,47 @@ class PlanInputs:
     weights_bytes: int | None = None
     pp_layer_partition: tuple[int, ...] | None = None
     language_model_only: bool = False
+    vllm_version: str = PINNED_VLLM_VERSION
+    # None: vLLM's default for the GPU (kimi_overhead.default_limits), filled in by inputs_from_options.
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    enforce_eager: bool = False
+    all2all_backend: str = DEFAULT_ALL2ALL_BACKEND
+    # "vllm": subtract the modelled per-stage overhead (kimi_overhead.py) from util x the CUDA-visible total;
+    # "none": the guides' rule, util x the driver's total - reserve - weights (the planner before issue 15).
+    overhead_model: str = "vllm"
+    # The driver's figure (nvidia-smi) when gpu_memory_gib holds the CUDA-visible one; display only.
+    gpu_memory_gib_driver: float | None = None
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpu is not None and self.gpu.is_cpu
+
+    @property
+    def models_overhead(self) -> bool:
+        # vLLM's CPU backend sizes its cache from VLLM_CPU_KVCACHE_SPACE, not from a profile: no overhead there.
+        return self.overhead_model == "vllm" and not self.is_cpu
+
+    def overhead_inputs(self) -> OverheadInputs:
+        return OverheadInputs(
+            vllm_version=self.vllm_version,
+            hidden_size=self.model.hidden_size,
+            vocab_size=self.model.vocab_size,
+            has_vision=bool(self.model.vision_params) and not self.language_model_only,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enforce_eager=self.enforce_eager,
+            all2all_backend=self.all2all_backend,
+            expert_parallel=self.enable_expert_parallel,
+            tp=self.tp,
+            dp=self.dp,
+            pp=self.pp,
+            gpus_per_node=self.gpus_per_node,
+        )
 
 
 def _gib(value: float) -> float:
@@ -290,14 +337,17 @@ def _stage_plan(inputs: PlanInputs, index: int, layers: range, usable_gib: float
             include_vision=not inputs.language_model_only,
         )
     weights_gib = _gib(sum(breakdown.values()))
+    overhead = stage_overhead_bytes(inputs.overhead_inputs(), index) if inputs.models_overhead else {}
+    overhead_gib = _gib(sum(overhead.values()))
     if inputs.kv_cache_gib_per_gpu is not None:
         kv_gib = inputs.kv_cache_gib_per_gpu  # measured budget replaces the computed one
     elif usable_gib is not None:
-        kv_gib = usable_gib - weights_gib  # util x reported memory - reserve - weights, on this GPU
+        # util x total - reserve - weights - the modelled overhead, on this GPU
+        kv_gib = usable_gib - weights_gib - overhead_gib
     else:
         kv_gib = 0.0
     per_token_on_gpu = len(layers) * kv_bytes_per_token_per_layer(model, inputs.kv_cache_dtype)
-    tokens = tokens_in_budget(kv_gib * GIB, per_token_on_gpu, inputs.block_size, inputs.dcp)
+    tokens = _stage_tokens(inputs, kv_gib * GIB, per_token_on_gpu)
     return {
         "stage": index,
         "layers": [layers.start, layers.stop],
@@ -307,8 +357,48 @@ def _stage_plan(inputs: PlanInputs, index: int, layers: range, usable_gib: float
         "kv_cache_gib_per_gpu": _round(kv_gib),
         "kv_bytes_per_token_per_gpu": _per_gpu_bytes(per_token_on_gpu, inputs.dcp),
         "kv_tokens": tokens,
+        "overhead_gib": _round(overhead_gib),
+        "overhead_breakdown_gib": {key: _round(_gib(value)) for key, value in overhead.items()},
         "_kv_gib_exact": kv_gib,
         "_weights_gib_exact": weights_gib,
+        "_overhead_gib_exact": overhead_gib,
+        "_per_token_on_gpu": per_token_on_gpu,
+    }
+
+
+def _stage_blocks(inputs: PlanInputs, budget_bytes: float, per_token_on_gpu: int) -> int:
+    # kv_cache_utils.get_num_blocks: available // page_size // num_layers, page = block_size tokens of one layer.
+    if budget_bytes <= 0 or per_token_on_gpu <= 0:
+        return 0
+    return int(budget_bytes // (inputs.block_size * per_token_on_gpu))
+
+
+def _stage_tokens(inputs: PlanInputs, budget_bytes: float, per_token_on_gpu: int) -> int:
+    """Tokens as vLLM reports them: whole blocks on the CPU backend, the pinned version's printed figure on GPUs."""
+    if inputs.is_cpu:
+        return tokens_in_budget(budget_bytes, per_token_on_gpu, inputs.block_size, inputs.dcp)
+    blocks = _stage_blocks(inputs, budget_bytes, per_token_on_gpu)
+    return logged_kv_tokens(blocks, inputs.block_size, inputs.dcp, inputs.max_model_len, inputs.vllm_version)
+
+
+def _deployment(inputs: PlanInputs, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """What deploying the plan exactly needs: one --kv-cache-memory-bytes for every worker, safe on every stage
+    (the smallest stage budget, floored), and the tokens vLLM then logs (the fewest whole blocks over the stages,
+    printed the way the version prints them)."""
+    budget = max(0, math.floor(min(stage["_kv_gib_exact"] for stage in stages) * GIB))
+    blocks = min(_stage_blocks(inputs, budget, stage["_per_token_on_gpu"]) for stage in stages)
+    if inputs.is_cpu:
+        tokens = blocks * inputs.block_size * inputs.dcp
+        concurrency = None
+    else:
+        tokens = logged_kv_tokens(blocks, inputs.block_size, inputs.dcp, inputs.max_model_len, inputs.vllm_version)
+        concurrency = round(logged_concurrency(blocks, inputs.block_size, inputs.dcp, inputs.max_model_len), 2)
+    return {
+        "kv_cache_memory_bytes": budget,
+        "kv_blocks_per_gpu": blocks,
+        "kv_tokens_deployed": tokens,
+        "max_concurrency_logged": concurrency,
+        "kv_cache_memory_bytes_supported": supports_kv_cache_memory_bytes(inputs.vllm_version),
     }
 
 
@@ -330,7 +420,11 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
     broken = [problem for problem in problems if problem.rule != GPU_COUNT]
     notes: list[str] = []
     usable_gib = None
-    if inputs.gpu_memory_gib is not None:
+    if inputs.gpu_memory_gib is not None and inputs.models_overhead:
+        # vLLM requests ceil(total x utilization) bytes (v1/worker/utils.py request_memory).
+        usable_gib = _gib(requested_bytes(inputs.gpu_memory_utilization, inputs.gpu_memory_gib * GIB))
+        usable_gib -= inputs.reserve_gib
+    elif inputs.gpu_memory_gib is not None:
         usable_gib = inputs.gpu_memory_utilization * inputs.gpu_memory_gib - inputs.reserve_gib
     elif inputs.kv_cache_gib_per_gpu is not None:
         notes.append("GPU memory not given: the weights were not checked against it")
@@ -346,8 +440,10 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
         reasons += _memory_problems(inputs, stages, usable_gib)
         reasons += _sequence_problems(inputs, limiting)
     kv_tokens = limiting["kv_tokens"]
-    per_replica = kv_tokens // inputs.max_model_len
+    # The scheduler never runs more than max_num_seqs requests per engine, whatever the cache holds.
+    per_replica = min(kv_tokens // inputs.max_model_len, inputs.max_num_seqs)
     notes += _weight_notes(inputs)
+    deployment = _deployment(inputs, stages)
     plan = {
         "mode": "per-gpu",
         "model": model.name,
@@ -355,6 +451,13 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
         "quantization": model.quantization.name,
         "gpu": inputs.gpu.key if inputs.gpu else None,
         "gpu_memory_gib": None if inputs.gpu_memory_gib is None else _round(inputs.gpu_memory_gib),
+        "gpu_memory_gib_driver": None if inputs.gpu_memory_gib_driver is None else _round(inputs.gpu_memory_gib_driver),
+        "vllm_version": inputs.vllm_version,
+        "overhead_model": "vllm" if inputs.models_overhead else "none",
+        "max_num_seqs": inputs.max_num_seqs,
+        "max_num_batched_tokens": inputs.max_num_batched_tokens,
+        "enforce_eager": inputs.enforce_eager,
+        "all2all_backend": inputs.all2all_backend,
         "gpus_per_node": inputs.gpus_per_node,
         "nodes": inputs.nodes if inputs.nodes is not None else math.ceil(inputs.world_size / inputs.gpus_per_node),
         "gpus_total": inputs.world_size,
@@ -383,6 +486,8 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
         "replicas": inputs.dp,
         "max_concurrent_sequences": per_replica * inputs.dp,
         "limiting_stage": limiting["stage"],
+        "overhead_gib_per_gpu_max": max(stage["overhead_gib"] for stage in stages),
+        **deployment,
         "stages": [{k: v for k, v in stage.items() if not k.startswith("_")} for stage in stages],
         "fits": not reasons,
         "reasons": reasons,
@@ -402,21 +507,39 @@ def _memory_problems(inputs: PlanInputs, stages: list[dict[str, Any]], usable_gi
     problems = []
     for stage in stages:
         if inputs.kv_cache_gib_per_gpu is not None:
-            if usable_gib is not None and stage["_weights_gib_exact"] > usable_gib:
+            needed = stage["_weights_gib_exact"] + stage["_overhead_gib_exact"]
+            if usable_gib is not None and needed > usable_gib:
                 problems.append(
-                    f"stage {stage['stage']}: weights need {stage['_weights_gib_exact']:.2f} GiB per GPU but only "
-                    f"{usable_gib:.2f} GiB is usable"
+                    f"stage {stage['stage']}: weights need {stage['_weights_gib_exact']:.2f} GiB per GPU"
+                    f"{_overhead_words(stage)} but only {usable_gib:.2f} GiB is usable"
                 )
             continue
         if stage["_kv_gib_exact"] <= 0:
             problems.append(
-                f"stage {stage['stage']}: weights {stage['_weights_gib_exact']:.2f} GiB + reserve "
-                f"{inputs.reserve_gib:g} GiB exceed {inputs.gpu_memory_utilization:g} x "
+                f"stage {stage['stage']}: weights {stage['_weights_gib_exact']:.2f} GiB{_overhead_words(stage)} + "
+                f"reserve {inputs.reserve_gib:g} GiB exceed {inputs.gpu_memory_utilization:g} x "
                 f"{inputs.gpu_memory_gib or 0:.2f} GiB = "
                 f"{inputs.gpu_memory_utilization * (inputs.gpu_memory_gib or 0):.2f} GiB per GPU "
-                f"(short by {-stage['_kv_gib_exact']:.2f} GiB)"
+                f"(short by {-stage['_kv_gib_exact']:.2f} GiB){_overhead_advice(inputs, stage)}"
             )
     return problems
+
+
+def _overhead_words(stage: dict[str, Any]) -> str:
+    if not stage["_overhead_gib_exact"]:
+        return ""
+    terms = ", ".join(f"{key} {value:.2f}" for key, value in stage["overhead_breakdown_gib"].items() if value)
+    return f" + modelled overhead {stage['_overhead_gib_exact']:.2f} GiB ({terms})"
+
+
+def _overhead_advice(inputs: PlanInputs, stage: dict[str, Any]) -> str:
+    # vLLM would fail at load or at its profile, ten minutes in; say which knob frees the memory.
+    if not stage["_overhead_gib_exact"] or stage["_weights_gib_exact"] > (inputs.gpu_memory_gib or 0):
+        return ""
+    return (
+        "; the budget leaves less than the modelled overhead: raise --gpu-memory-utilization "
+        "(kimi_gpu_memory_utilization) or lower --max-num-batched-tokens / --max-num-seqs"
+    )
 
 
 def _sequence_problems(inputs: PlanInputs, limiting: dict[str, Any]) -> list[str]:

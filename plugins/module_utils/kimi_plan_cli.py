@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from .kimi_overhead import ALL2ALL_BACKENDS, PINNED_VLLM_VERSION
 from .kimi_plan_options import plan_from_options
 from .kimi_plan_render import render_text
 from .kimi_presets import GPU_PRESETS, MODEL_PRESETS, PlanInputError
@@ -42,7 +43,7 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", help="vLLM's --gpu-memory-utilization (default 0.9)")
     parser.add_argument(
         "--reserve-gib",
-        help="GiB per GPU kept back from the budget (default 0, as the roles; the RTX PRO 6000 guide keeps 3)",
+        help="extra GiB per GPU kept back on top of the modelled overhead (default 0, as the roles)",
     )
     parser.add_argument("--kv-cache-gib-per-gpu", help="measured KV budget per GPU, replaces the computed one")
     parser.add_argument("--tp", help="tensor parallel size (default 1)")
@@ -52,9 +53,25 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     parser.add_argument("--enable-expert-parallel", action="store_true", help="shard routed experts (EP = tp x dp)")
     parser.add_argument("--kv-cache-dtype", help="bf16 (default) or fp8")
     parser.add_argument("--max-model-len", help="tokens per sequence (default: the model's maximum)")
-    parser.add_argument("--block-size", help="KV block size (default 16; cpu: 128)")
+    parser.add_argument(
+        "--block-size", help="KV block size (default: the attention backend's for the GPU and cache dtype; cpu: 128)"
+    )
     parser.add_argument("--pp-layer-partition", help="layers per stage as VLLM_PP_LAYER_PARTITION, e.g. 31,30")
     parser.add_argument("--language-model-only", action="store_true", help="leave the vision encoder out")
+    parser.add_argument(
+        "--vllm-version", help=f"vLLM release whose rules apply (default {PINNED_VLLM_VERSION}, the pin)"
+    )
+    parser.add_argument("--max-num-seqs", help="vLLM's --max-num-seqs (default: vLLM's for the GPU, 1024 on H100+)")
+    parser.add_argument(
+        "--max-num-batched-tokens", help="vLLM's --max-num-batched-tokens (default: vLLM's, 8192 on H100+)"
+    )
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (no graph memory estimate)")
+    parser.add_argument("--all2all-backend", help=f"expert-parallel all2all backend ({', '.join(ALL2ALL_BACKENDS)})")
+    parser.add_argument(
+        "--overhead-model",
+        help="vllm (default): subtract the modelled per-stage overhead from util x the CUDA-visible total; "
+        "none: the guides' rule, util x the driver's total - reserve - weights",
+    )
     parser.add_argument(
         "--pooled", action="store_true", help="the GreenNode guide's pooled arithmetic (not what vLLM does)"
     )

@@ -7,11 +7,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .kimi_overhead import (
+    ALL2ALL_BACKENDS,
+    DEFAULT_ALL2ALL_BACKEND,
+    PINNED_VLLM_VERSION,
+    default_block_size,
+    default_limits,
+    parse_version,
+)
 from .kimi_plan import PlanInputs, compute_plan, pooled_plan
 from .kimi_presets import (
     CPU_BLOCK_SIZE,
-    DEFAULT_GPU_BLOCK_SIZE,
     DEFAULT_MODEL,
+    GIB,
     GpuSpec,
     PlanInputError,
     find_gpu,
@@ -46,8 +54,18 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "pp_layer_partition": None,
     "language_model_only": False,
     "pooled": False,
+    "vllm_version": PINNED_VLLM_VERSION,
+    "max_num_seqs": None,
+    "max_num_batched_tokens": None,
+    "enforce_eager": False,
+    "all2all_backend": DEFAULT_ALL2ALL_BACKEND,
+    "overhead_model": "vllm",
 }
 KV_CACHE_DTYPES = ("bf16", "fp8", "auto", "fp8_e4m3", "fp8_e5m2")
+OVERHEAD_MODELS = ("vllm", "none")
+# vLLM's CPU backend defaults for `vllm serve` (engine/arg_utils.py, 0.23.0): 128 sequences and 2048 batched tokens
+# per rank of the world.
+CPU_DEFAULT_LIMITS_PER_RANK = (128, 2048)
 
 
 def flag_name(option: str) -> str:
@@ -110,11 +128,13 @@ def _partition(value: Any) -> tuple[int, ...] | None:
         raise PlanInputError("--pp-layer-partition", f"not a comma-separated list of integers: {value!r}") from exc
 
 
-def _gpu_and_memory(options: dict[str, Any]) -> tuple[GpuSpec | None, float | None]:
+def _gpu_and_memory(options: dict[str, Any], overhead_model: str) -> tuple[GpuSpec | None, float | None]:
+    """The GPU preset and the total the budget starts from: --gpu-memory-gib as given, else the preset's
+    CUDA-visible total (what vLLM multiplies) or, for the guides' rule (--overhead-model none), the driver's."""
     gpu = find_gpu(str(options["gpu"])) if options.get("gpu") else None
     memory = _number(options, "gpu_memory_gib", float, 0, strict=True)
     if memory is None and gpu is not None:
-        memory = gpu.memory_gib
+        memory = gpu.vllm_total_gib if overhead_model == "vllm" else gpu.memory_gib
     if gpu is not None and gpu.is_cpu and memory is None and options.get("kv_cache_gib_per_gpu") is None:
         raise PlanInputError("--gpu-memory-gib", "--gpu cpu needs the memory (or --kv-cache-gib-per-gpu)")
     if memory is None and options.get("kv_cache_gib_per_gpu") is None:
@@ -136,7 +156,25 @@ NUMERIC_OPTIONS: dict[str, tuple[type, float, bool]] = {
     "reserve_gib": (float, 0, False),
     "kv_cache_gib_per_gpu": (float, 0, True),
     "gpu_memory_gib": (float, 0, True),
+    "max_num_seqs": (int, 1, False),
+    "max_num_batched_tokens": (int, 1, False),
 }
+
+
+def _choice(options: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = str(options[key]).lower()
+    if value not in choices:
+        raise PlanInputError(flag_name(key), f"must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def _limits(numbers: dict[str, Any], gpu: GpuSpec | None, memory: float | None, world_size: int) -> tuple[int, int]:
+    """max_num_seqs and max_num_batched_tokens as given, else vLLM's defaults for this GPU."""
+    if gpu is not None and gpu.is_cpu:
+        seqs, tokens = (limit * world_size for limit in CPU_DEFAULT_LIMITS_PER_RANK)
+    else:
+        seqs, tokens = default_limits(None if memory is None else memory * GIB)
+    return numbers["max_num_seqs"] or seqs, numbers["max_num_batched_tokens"] or tokens
 
 
 def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
@@ -151,17 +189,26 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
     dtype = str(options["kv_cache_dtype"]).lower()
     if dtype not in KV_CACHE_DTYPES:
         raise PlanInputError("--kv-cache-dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)} (got {dtype!r})")
+    version = str(options["vllm_version"]).strip()
+    parse_version(version)  # refuses, naming --vllm-version, what does not parse
+    all2all = _choice(options, "all2all_backend", ALL2ALL_BACKENDS)
+    overhead_model = _choice(options, "overhead_model", OVERHEAD_MODELS)
     weights_bytes = _checkpoint_weight_bytes(options)
     partition = _partition(options.get("pp_layer_partition"))
     model = find_model(str(options["model"]))
-    gpu, memory = _gpu_and_memory(options)
+    gpu, memory = _gpu_and_memory(options, overhead_model)
     is_cpu = gpu is not None and gpu.is_cpu
+    explicit_memory = options.get("gpu_memory_gib") is not None
+    kv_dtype = "bf16" if dtype == "auto" else dtype
     gpus_per_node = numbers["gpus_per_node"] or (1 if is_cpu else 8)
     tp, pp = numbers["tp"], numbers["pp"]
     dp = numbers["dp"] or 1  # vLLM's default; a mismatch with --nodes is a reason, not a guess
     max_model_len = numbers["max_model_len"] or model.max_position_embeddings
     if not max_model_len:
         raise PlanInputError("--max-model-len", "the model config has no max_position_embeddings: give it")
+    max_num_seqs, max_num_batched_tokens = _limits(numbers, gpu, memory, tp * pp * dp)
+    compute_major = gpu.compute_major if gpu else None
+    block_size = CPU_BLOCK_SIZE if is_cpu else default_block_size(compute_major, kv_dtype, version)
     return PlanInputs(
         model=model,
         gpu=gpu,
@@ -176,12 +223,19 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
         dp=dp,
         dcp=numbers["dcp"],
         enable_expert_parallel=bool(options["enable_expert_parallel"]),
-        kv_cache_dtype="bf16" if dtype == "auto" else dtype,
+        kv_cache_dtype=kv_dtype,
         max_model_len=max_model_len,
-        block_size=numbers["block_size"] or (CPU_BLOCK_SIZE if is_cpu else DEFAULT_GPU_BLOCK_SIZE),
+        block_size=numbers["block_size"] or block_size,
         weights_bytes=weights_bytes,
         pp_layer_partition=partition,
         language_model_only=bool(options["language_model_only"]),
+        vllm_version=version,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enforce_eager=bool(options["enforce_eager"]),
+        all2all_backend=all2all,
+        overhead_model=overhead_model,
+        gpu_memory_gib_driver=None if explicit_memory or gpu is None else gpu.memory_gib,
     )
 
 

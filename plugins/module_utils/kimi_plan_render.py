@@ -25,10 +25,12 @@ def render_text(plan: dict[str, Any]) -> str:
     )
     lines = [title]
     if plan["gpu_memory_gib"] is not None:
-        lines.append(_row("GPU memory the driver reports", f"{plan['gpu_memory_gib']:.2f} GiB"))
+        if plan.get("gpu_memory_gib_driver") is not None and plan["gpu_memory_gib_driver"] != plan["gpu_memory_gib"]:
+            lines.append(_row("GPU memory the driver reports", f"{plan['gpu_memory_gib_driver']:.2f} GiB"))
+        lines.append(_row("GPU memory vLLM sizes from", f"{plan['gpu_memory_gib']:.2f} GiB"))
         lines.append(
             _row(
-                f"Usable ({plan['gpu_memory_utilization']:g} x memory - {plan['reserve_gib']:g} GiB)",
+                f"Usable ({plan['gpu_memory_utilization']:g} x memory - {plan['reserve_gib']:g} GiB reserve)",
                 f"{plan['usable_gib_per_gpu']:.2f} GiB",
             )
         )
@@ -46,6 +48,13 @@ def render_text(plan: dict[str, Any]) -> str:
             f"{plan['kv_gib_per_sequence_per_gpu']:.2f} GiB per sequence per GPU; "
             f"{plan['sequences_per_replica']} per replica x {plan['replicas']} replica(s) = "
             f"{plan['max_concurrent_sequences']} concurrent sequences",
+        )
+    )
+    lines.append(
+        _row(
+            "Deploy exactly (--kv-cache-memory-bytes)",
+            f"{plan['kv_cache_memory_bytes']:,} B -> {plan['kv_tokens_deployed']:,} tokens logged "
+            f"(vLLM {plan['vllm_version']})",
         )
     )
     lines.append(_row("Fits", "yes" if plan["fits"] else "NO"))
@@ -66,7 +75,10 @@ def _render_stage(plan: dict[str, Any], stage: dict[str, Any]) -> list[str]:
     if plan["weights_source"] != "even-split":
         for key, value in stage["weights_breakdown_gib"].items():
             lines.append(_row(f"    {key.replace('_', ' ')}", f"{value:.3f} GiB"))
-    kind = "measured" if plan["kv_cache_source"] == "measured" else "usable - weights"
+    for key, value in stage.get("overhead_breakdown_gib", {}).items():
+        if value:
+            lines.append(_row(f"  Overhead: {key.replace('_', ' ')}", f"{value:.3f} GiB"))
+    kind = "measured" if plan["kv_cache_source"] == "measured" else "usable - weights - overhead"
     lines.append(_row("  --> KV cache", f"{stage['kv_cache_gib_per_gpu']:.2f} GiB  ({kind})"))
     if plan["dcp"] > 1:
         replicated = f"split over DCP {plan['dcp']}"

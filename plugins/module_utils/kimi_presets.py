@@ -396,11 +396,30 @@ class GpuSpec:
     source: str
     aliases: tuple[str, ...] = ()
     is_cpu: bool = False
+    # What torch.cuda.mem_get_info reports as total, the figure vLLM's gpu_memory_utilization multiplies
+    # (MemorySnapshot.total_memory); a little below nvidia-smi's memory.total. None: no published figure found, the
+    # planner then uses the driver's.
+    cuda_memory_gib: float | None = None
+    cuda_memory_source: str = ""
+    # Compute capability major (9 Hopper, 10 Blackwell datacenter, 12 Blackwell RTX): picks the attention backend
+    # and with it the KV block size (kimi_overhead.default_block_size).
+    compute_major: int | None = None
 
     @property
     def memory_gib(self) -> float | None:
         return None if self.memory_mib is None else self.memory_mib / 1024
 
+    @property
+    def vllm_total_gib(self) -> float | None:
+        """The total vLLM sizes its budget from: the CUDA-visible figure when known, else the driver's."""
+        return self.cuda_memory_gib if self.cuda_memory_gib is not None else self.memory_gib
+
+
+# vLLM prints the CUDA-visible total in "Free memory on device (free/total GiB) on startup" (gpu_worker.py and
+# v1/worker/utils.py request_memory); found in published start-up logs with the code search.
+_VLLM_LOG_TOTAL = (
+    "vLLM start-up log 'Free memory on device ({total} GiB)' ({gpu}), public logs found with the code search"
+)
 
 GPU_PRESETS: dict[str, GpuSpec] = {
     spec.key: spec
@@ -412,6 +431,9 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             "nvidia-smi '0MiB / 81559MiB' on 8x H100 SXM, driver 550.54.15: github.com/NVIDIA/nccl/issues/1264; "
             "81559MiB listed for H100 in github.com/modal-labs/modal-client/pull/2797",
             aliases=("h100", "h100-sxm", "h100-80gb-hbm3"),
+            cuda_memory_gib=79.19,
+            cuda_memory_source=_VLLM_LOG_TOTAL.format(total="78.66/79.19", gpu="H100 80GB (vLLM 0.10.x logs)"),
+            compute_major=9,
         ),
         GpuSpec(
             "h200",
@@ -420,6 +442,9 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             "nvidia-smi '124585MiB / 143771MiB' on 8x H200, driver 550.144.03: "
             "github.com/sgl-project/sglang/issues/3196",
             aliases=("h200-sxm", "h200-141gb"),
+            cuda_memory_gib=139.81,
+            cuda_memory_source=_VLLM_LOG_TOTAL.format(total="139.21/139.81", gpu="H200, vLLM 0.10.2, TP 2"),
+            compute_major=9,
         ),
         GpuSpec(
             "h200-nvl",
@@ -428,6 +453,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             "public setup notes found with the code search record 'NVIDIA H200 NVL (143771 MiB, driver "
             "570.195.03)'; same 141 GB HBM3e as the SXM part. Secondary source: confirm with a capture.",
             aliases=("h200nvl",),
+            compute_major=9,
         ),
         GpuSpec(
             "rtx-pro-6000-server",
@@ -437,6 +463,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             "595.71.05 driver'; the RTX PRO 6000 guide rounds it to 95.6 GiB. "
             "Secondary source: confirm with a capture.",
             aliases=("rtx-pro-6000", "rtx-pro-6000-blackwell-server-edition", "rtx-pro-6000-se"),
+            compute_major=12,
         ),
         GpuSpec(
             "b200",
@@ -444,6 +471,9 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             183359,
             "nvidia-smi '166593MiB / 183359MiB' on 8x B200, driver 580.95.05: "
             "github.com/NVIDIA/TensorRT-LLM/issues/10278",
+            cuda_memory_gib=178.35,
+            cuda_memory_source=_VLLM_LOG_TOTAL.format(total="41.24/178.35", gpu="B200"),
+            compute_major=10,
         ),
         GpuSpec(
             "cpu",

@@ -56,8 +56,8 @@ options:
     type: float
     default: 0.9
   reserve_gib:
-    description: GiB per GPU kept for activations, CUDA graphs and other non-KV memory (0, as the kimi role's
-      kimi_reserve_gib and bin/kimi-plan; the RTX PRO 6000 guide keeps 3).
+    description: Extra GiB per GPU kept back on top of the modelled overhead (0, as the kimi role's
+      kimi_reserve_gib and bin/kimi-plan; the RTX PRO 6000 guide keeps 3 with I(overhead_model=none)).
     type: float
     default: 0.0
   kv_cache_gib_per_gpu:
@@ -92,7 +92,8 @@ options:
     description: Tokens per sequence (default the model's max_position_embeddings).
     type: int
   block_size:
-    description: KV block size in tokens (default 16 on GPUs, 128 for C(cpu)).
+    description: KV block size in tokens (default the one vLLM's attention backend picks for the GPU and cache
+      dtype, for example 16 on Hopper with a BF16 cache and 64 with FP8; 128 for C(cpu)).
     type: int
   pp_layer_partition:
     description: Layers per pipeline stage, as VLLM_PP_LAYER_PARTITION (for example C(31,30)).
@@ -101,6 +102,32 @@ options:
     description: vLLM's --language-model-only; leaves the vision encoder out of the weights.
     type: bool
     default: false
+  vllm_version:
+    description: The vLLM release whose rules apply (overhead terms, block size, printed token count,
+      --kv-cache-memory-bytes support).
+    type: str
+    default: 0.23.0
+  max_num_seqs:
+    description: vLLM's --max-num-seqs (default vLLM's for the GPU); sizes the sampler term and caps the concurrency.
+    type: int
+  max_num_batched_tokens:
+    description: vLLM's --max-num-batched-tokens (default vLLM's for the GPU); sizes the activation term.
+    type: int
+  enforce_eager:
+    description: vLLM's --enforce-eager (no CUDA graphs, so no graph memory estimate).
+    type: bool
+    default: false
+  all2all_backend:
+    description: The expert-parallel all2all backend; the C(deepep_*) ones add DeepEP's buffers.
+    type: str
+    default: allgather_reducescatter
+    choices: [allgather_reducescatter, naive, pplx, deepep_high_throughput, deepep_low_latency, flashinfer_all2allv]
+  overhead_model:
+    description: C(vllm) subtracts the modelled per-stage overhead from the utilization of the CUDA-visible total;
+      C(none) is the guides' rule, utilization x the driver's total - reserve - weights.
+    type: str
+    default: vllm
+    choices: [vllm, none]
   pooled:
     description: Return the GreenNode guide's pooled arithmetic (labelled, for comparison; not what vLLM allocates).
     type: bool
@@ -174,6 +201,18 @@ kv_bytes_per_token_per_gpu:
   description: One token's KV bytes on one GPU of that stage (divided by DCP).
   returned: always
   type: raw
+kv_cache_memory_bytes:
+  description: The per-GPU KV budget to pass as vLLM's --kv-cache-memory-bytes (the smallest stage's, floored).
+  returned: always
+  type: int
+kv_cache_memory_bytes_supported:
+  description: Whether the pinned vLLM (I(vllm_version)) has --kv-cache-memory-bytes.
+  returned: always
+  type: bool
+kv_tokens_deployed:
+  description: The "GPU KV cache size" vLLM logs when started with that --kv-cache-memory-bytes.
+  returned: always
+  type: int
 plan:
   description: The whole plan (per stage, weight breakdown, notes, suggestions), as bin/kimi-plan --json prints.
   returned: always
@@ -187,10 +226,12 @@ table:
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
+    from ansible.module_utils.kimi_overhead import ALL2ALL_BACKENDS
     from ansible.module_utils.kimi_plan_options import OPTION_DEFAULTS, plan_from_options
     from ansible.module_utils.kimi_plan_render import render_text
     from ansible.module_utils.kimi_presets import PlanInputError
 except ImportError:  # installed as the kimi.k2 collection
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_overhead import ALL2ALL_BACKENDS
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import OPTION_DEFAULTS, plan_from_options
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_render import render_text
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import PlanInputError
@@ -221,12 +262,20 @@ _PLAN_TYPES = dict(
     pp_layer_partition="str",
     language_model_only="bool",
     pooled="bool",
+    vllm_version="str",
+    max_num_seqs="int",
+    max_num_batched_tokens="int",
+    enforce_eager="bool",
+    all2all_backend="str",
+    overhead_model="str",
 )
 PLAN_OPTIONS = {
     name: {"type": kind, **({"default": OPTION_DEFAULTS[name]} if OPTION_DEFAULTS[name] is not None else {})}
     for name, kind in _PLAN_TYPES.items()
 }
 PLAN_OPTIONS["kv_cache_dtype"]["choices"] = ["bf16", "fp8", "auto", "fp8_e4m3", "fp8_e5m2"]
+PLAN_OPTIONS["all2all_backend"]["choices"] = list(ALL2ALL_BACKENDS)
+PLAN_OPTIONS["overhead_model"]["choices"] = ["vllm", "none"]
 
 SUMMARY_KEYS = (
     "fits",
@@ -236,6 +285,9 @@ SUMMARY_KEYS = (
     "weights_gib_per_gpu",
     "kv_cache_gib_per_gpu",
     "kv_bytes_per_token_per_gpu",
+    "kv_cache_memory_bytes",
+    "kv_cache_memory_bytes_supported",
+    "kv_tokens_deployed",
 )
 
 

@@ -40,6 +40,9 @@ SEED_004 = [
     "3",
     "--tp",
     "8",
+    # The guide's rule (utilization x the driver's total - reserve - weights), to reproduce its figures.
+    "--overhead-model",
+    "none",
 ]
 SEED_000 = [
     "--model",
@@ -67,6 +70,9 @@ SEED_000 = [
     "fp8",
     "--max-model-len",
     "32768",
+    # The guide's rule, as SEED_004.
+    "--overhead-model",
+    "none",
 ]
 
 

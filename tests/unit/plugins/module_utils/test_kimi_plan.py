@@ -36,6 +36,9 @@ SEED_004 = {
     "reserve_gib": 3,
     "tp": 8,
     "max_model_len": 131072,
+    # The guide's rule (util x memory - reserve - weights), not vLLM's profile: issue 15 kept it as
+    # --overhead-model none.
+    "overhead_model": "none",
 }
 # The GreenNode guide: 2 nodes x 8 H100, TP8 x PP2 with EP, "1,040 B params @ fp8 (x1.05)", 0.92 and 4 GiB, fp8
 # cache, 32K.
@@ -53,6 +56,7 @@ SEED_000 = {
     "enable_expert_parallel": True,
     "kv_cache_dtype": "fp8",
     "max_model_len": 32768,
+    "overhead_model": "none",  # the guide's rule, as SEED_004
 }
 LAB = {"model": "lab-mini", "gpu": "cpu", "kv_cache_gib_per_gpu": 1}
 LAB_MEASURED = {**LAB, "model": str(LAB_MINI_2_LAYERS_MEASURED)}
@@ -373,7 +377,9 @@ def test_weights_that_do_not_fit_name_both_numbers():
     result = plan(model="Kimi-K2-Instruct", gpu="h100", tp=8, max_model_len=131072)
     assert not result["fits"]
     reason = result["reasons"][0]
-    assert "stage 0: weights" in reason and "exceed 0.9 x 79.65 GiB" in reason
+    # Issue 15: the budget starts from the CUDA-visible total (79.19 GiB on an H100), not nvidia-smi's 79.65.
+    assert "stage 0: weights" in reason and "exceed 0.9 x 79.19 GiB" in reason
+    assert "modelled overhead" in reason
 
 
 def test_gpu_count_must_match_the_nodes():

@@ -1,0 +1,274 @@
+"""What vLLM subtracts from a GPU besides the weights before it sizes the KV cache, per pipeline stage and per
+vLLM version, and the per-version rules around it (block size, the printed token count, --kv-cache-memory-bytes).
+
+vLLM (vllm/v1/worker/gpu_worker.py determine_available_memory, 0.23.0) computes
+
+    available KV = ceil(gpu_memory_utilization x CUDA-visible total)          (v1/worker/utils.py request_memory)
+                   - weights ("Model loading took")
+                   - torch peak increase of profile_run (activations at max_num_batched_tokens; the sampler's dummy
+                     run on the last PP stage; the vision encoder's dummy batch on multimodal models)
+                   - non-torch increase since the start-up snapshot (NCCL, custom all-reduce, DeepEP buffers)
+                   - the CUDA-graph memory estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default)
+
+The terms below model each of these. Where vLLM measures rather than computes (activation peak, graph pools), the
+constant is taken from a published start-up log and says which; docs/planner.md has the ledger and the calibration.
+
+Stdlib only and free of Ansible imports (the planner runs on nodes without `packaging`): versions are compared by
+their release numbers, the way kimi_stack._version_key orders CUDA versions.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .kimi_presets import FP32_BYTES, GIB, PlanInputError
+
+MIB = 1024**2
+# The project's pinned vLLM (roles/kimi/defaults/main.yml kimi_vllm_pip_pins: vllm "0.23.0").
+PINNED_VLLM_VERSION = "0.23.0"
+
+# --- version thresholds, each checked in the released wheels' source ---------------------------------------------
+# CacheConfig.kv_cache_memory_bytes and the --kv-cache-memory-bytes flag first appear in vLLM 0.10.2
+# (vllm/config/__init__.py CacheConfig, vllm/engine/arg_utils.py add_argument("--kv-cache-memory-bytes"));
+# 0.10.1.1 has neither. Upstream: github.com/vllm-project/vllm/pull/21489 "Allow users to specify kv cache memory
+# size"; with it set, Worker.determine_available_memory returns that value and skips the profiling.
+KV_CACHE_MEMORY_BYTES_SINCE = (0, 10, 2)
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" in vllm/envs.py of 0.20.0, 0.20.2, 0.21.0 and 0.23.0
+# (the worker's log line says "default since v0.21.0"; the 0.20.x wheels already have it on). Added off by default
+# in github.com/vllm-project/vllm/pull/30515.
+CUDAGRAPH_ESTIMATE_SINCE = (0, 20, 0)
+# Worker.init_device takes the memory snapshot before init_worker_distributed_environment in 0.10.x (NCCL's
+# communicator buffers then count as non-torch memory) and after it from 0.11.0 on (gpu_worker.py of each wheel).
+SNAPSHOT_AFTER_NCCL_SINCE = (0, 11, 0)
+# kv_cache_utils.py prints "GPU KV cache size" as num_blocks x block_size (x dcp) up to 0.20.0 and as
+# int(max_concurrency x max_model_len) from 0.20.2 on (_report_kv_cache_config in 0.20.2, 0.21.0, 0.23.0).
+TOKENS_FROM_CONCURRENCY_SINCE = (0, 20, 2)
+# Attention-backend priorities by compute capability (vllm/platforms/cuda.py _get_backend_priorities, 0.23.0)
+# replace the older rule "Hopper forces FlashMLA with 64-token blocks, Blackwell forces CUTLASS MLA with 128"
+# (vllm/platforms/cuda.py get_attn_backend_cls, 0.11.0). Versions between 0.11 and 0.23 were not read: they get
+# the 0.23.0 rule from 0.12.0 on, an assumption the plan states.
+BACKEND_PRIORITIES_SINCE = (0, 12, 0)
+
+# --- the terms' constants --------------------------------------------------------------------------------------
+# Sampler dummy run (gpu_model_runner._dummy_sampler_run, on the last PP stage only): logits for
+# min(max_num_seqs, max_num_batched_tokens) requests over the whole vocabulary, in fp32 (4 B), plus what top-k/top-p
+# allocate beside them (topk_topp_sampler.apply_top_k_top_p: the sorted fp32 values 4 B, their int64 indices 8 B,
+# the fp32 softmax/cumsum 4 B): 20 B per logit at the peak.
+SAMPLER_BYTES_PER_LOGIT = 4 * FP32_BYTES + 4
+# Activation peak of the dummy forward over max_num_batched_tokens tokens, per token and per unit of hidden size.
+# Fitted to the one published Kimi K2 start-up log with known settings and no other unknown term: Kimi-K2-Thinking,
+# 8 x H200, TP 8, vLLM defaults (0.9, max_num_batched_tokens 8192, max_num_seqs 1024), "Available KV cache memory:
+# 46.80 GiB" (github.com/vllm-project/recipes/pull/115, moonshotai/Kimi-K2-Think.md). It is not independent of
+# that case; the other cases of tests/fixtures/planner/startup_logs.yaml check it.
+ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 73.2
+# MoonViT's hidden size (K2.5-based checkpoints' vision_config.hidden_size; the miniature config test in
+# tests/unit uses the same 1152). The encoder's dummy batch is costed like the language model's activations over
+# max_num_batched_tokens tokens of this width: an estimate, no published log isolates it.
+VISION_HIDDEN_SIZE = 1152
+# Non-torch memory that grows after the start-up snapshot on a GPU with peers (custom all-reduce buffers, NCCL
+# work buffers): "0.95 GiB for non-torch memory" in a published TP x EP start-up log (gpu_worker.py:857 "Free memory
+# on device (181.84/184.31 GiB) ... 0.95 GiB for non-torch memory", a public repository found with the code search).
+NON_TORCH_BYTES_WITH_PEERS = int(0.95 * GIB)
+# Before 0.11.0 the snapshot precedes NCCL's init, so its communicators count too: "1.38 GiB for non-torch memory"
+# with TP 2 on H200 under vLLM 0.10.2 (Qwen3-Next-80B start-up log, "Free memory on device (139.21/139.81 GiB)").
+NON_TORCH_BYTES_WITH_NCCL_INIT = int(1.38 * GIB)
+# DeepEP buffers (vllm/distributed/device_communicators/all2all.py, 0.23.0): VLLM_DEEPEP_BUFFER_SIZE_MB (default
+# 1024, vllm/envs.py) of NVLink buffer, and as much RDMA buffer when the EP group spans nodes.
+DEEPEP_BUFFER_BYTES = 1024 * MIB
+# CUDA-graph estimate per captured graph: "Graph capturing finished in 25 secs, took 2.37 GiB" for 67 PIECEWISE +
+# 67 FULL graphs (the same vLLM 0.10.2 H200 log): 2.37 GiB / 134.
+CUDAGRAPH_BYTES_PER_GRAPH = int(2.37 * GIB / 134)
+# Default max_num_seqs / max_num_batched_tokens of `vllm serve` (engine/arg_utils.py
+# _set_default_max_num_seqs_and_batched_tokens_args, 0.23.0): GPUs of 70 GiB or more (not A100) 1024 / 8192,
+# others 256 / 2048.
+LARGE_GPU_BYTES = 70 * GIB
+DEFAULT_LIMITS_LARGE_GPU = (1024, 8192)
+DEFAULT_LIMITS_SMALL_GPU = (256, 2048)
+ALL2ALL_BACKENDS = (
+    "allgather_reducescatter",
+    "naive",
+    "pplx",
+    "deepep_high_throughput",
+    "deepep_low_latency",
+    "flashinfer_all2allv",
+)
+# vllm/config/parallel.py ParallelConfig.all2all_backend default (0.23.0).
+DEFAULT_ALL2ALL_BACKEND = "allgather_reducescatter"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Versions
+# ---------------------------------------------------------------------------------------------------------
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """Release numbers of a vLLM version ('0.23.0', 'v0.11.1rc2', '0.10.1.1+cu129' -> (0, 10, 1, 1)).
+
+    A pre-release is ordered with its release, which is what the thresholds above need (each names a release).
+    """
+    found = re.fullmatch(r"\s*v?(\d+(?:\.\d+)*)(?:[.+\-]?(?:a|b|rc|dev|post)\d*)*(?:\+[\w.]+)?\s*", str(text))
+    if not found:
+        raise PlanInputError("--vllm-version", f"not a vLLM version: {text!r} (for example 0.23.0)")
+    return tuple(int(part) for part in found.group(1).split("."))
+
+
+def _at_least(version: str, since: tuple[int, ...]) -> bool:
+    return parse_version(version) >= since
+
+
+def supports_kv_cache_memory_bytes(version: str) -> bool:
+    """Whether this vLLM accepts --kv-cache-memory-bytes (CacheConfig.kv_cache_memory_bytes): 0.10.2 and later."""
+    return _at_least(version, KV_CACHE_MEMORY_BYTES_SINCE)
+
+
+def subtracts_cudagraph_estimate(version: str) -> bool:
+    return _at_least(version, CUDAGRAPH_ESTIMATE_SINCE)
+
+
+def prints_tokens_from_concurrency(version: str) -> bool:
+    return _at_least(version, TOKENS_FROM_CONCURRENCY_SINCE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Block size by attention backend
+# ---------------------------------------------------------------------------------------------------------
+
+
+def default_block_size(compute_major: int | None, kv_cache_dtype: str, version: str) -> int:
+    """The KV block size vLLM picks for an MLA model when --block-size is not given.
+
+    0.23.0 (vllm/platforms/cuda.py _get_backend_priorities, AttentionBackend.get_preferred_block_size): Hopper (9)
+    takes FLASH_ATTN_MLA (block sizes multiple of 16: the default 16) for a 16-bit cache; it has no FP8 cache, so an
+    FP8 cache goes to FLASHMLA (64). Blackwell (10) takes FLASHINFER_MLA ([32, 64]: the smallest, 32). Other GPUs
+    (the RTX PRO 6000, sm_120) fall to TRITON_MLA (multiple of 16: 16).
+    Before 0.12 (0.11.0's get_attn_backend_cls): Hopper forced FlashMLA with 64, Blackwell CUTLASS MLA with 128.
+    """
+    fp8 = kv_cache_dtype.startswith("fp8")
+    if compute_major is None:
+        return 16  # CacheConfig.DEFAULT_BLOCK_SIZE
+    if not _at_least(version, BACKEND_PRIORITIES_SINCE):
+        return {9: 64, 10: 128}.get(compute_major, 16)
+    if compute_major == 9:
+        return 64 if fp8 else 16
+    if compute_major == 10:
+        return 32
+    return 16
+
+
+def default_limits(cuda_total_bytes: float | None) -> tuple[int, int]:
+    """vLLM's default (max_num_seqs, max_num_batched_tokens) for `vllm serve` on a GPU of this size."""
+    if cuda_total_bytes is not None and cuda_total_bytes >= LARGE_GPU_BYTES:
+        return DEFAULT_LIMITS_LARGE_GPU
+    return DEFAULT_LIMITS_SMALL_GPU
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Overhead terms per stage
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OverheadInputs:
+    """What the overhead of one GPU depends on (already validated)."""
+
+    vllm_version: str
+    hidden_size: int
+    vocab_size: int
+    has_vision: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+    all2all_backend: str
+    expert_parallel: bool
+    tp: int
+    dp: int
+    pp: int
+    gpus_per_node: int
+
+
+def activation_bytes(inputs: OverheadInputs) -> int:
+    """The torch peak of the dummy forward over max_num_batched_tokens tokens (every stage runs it)."""
+    return int(inputs.max_num_batched_tokens * inputs.hidden_size * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN)
+
+
+def sampler_bytes(inputs: OverheadInputs) -> int:
+    """The sampler's dummy run on the last stage: min(max_num_seqs, max_num_batched_tokens) x vocabulary logits."""
+    requests = min(inputs.max_num_seqs, inputs.max_num_batched_tokens)
+    return requests * inputs.vocab_size * SAMPLER_BYTES_PER_LOGIT
+
+
+def encoder_bytes(inputs: OverheadInputs) -> int:
+    """The vision encoder's dummy batch on the first stage (none with --language-model-only)."""
+    if not inputs.has_vision:
+        return 0
+    return int(inputs.max_num_batched_tokens * VISION_HIDDEN_SIZE * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN)
+
+
+def non_torch_bytes(inputs: OverheadInputs) -> int:
+    """NCCL, custom all-reduce and DeepEP memory that vLLM counts (none on a GPU without peers)."""
+    peers = inputs.tp * inputs.pp * inputs.dp > 1
+    if not peers:
+        return 0
+    counted = NON_TORCH_BYTES_WITH_PEERS
+    if not _at_least(inputs.vllm_version, SNAPSHOT_AFTER_NCCL_SINCE):
+        counted = NON_TORCH_BYTES_WITH_NCCL_INIT
+    if inputs.expert_parallel and inputs.all2all_backend.startswith("deepep"):
+        ep_size = inputs.tp * inputs.dp
+        internode = ep_size > inputs.gpus_per_node
+        counted += DEEPEP_BUFFER_BYTES * (2 if internode else 1)
+    return counted
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """vLLM's default capture sizes (vllm/config/vllm.py, 0.23.0): up to min(2 x max_num_seqs, 512, tokens);
+    1, 2, 4, then every 8 below 256, then every 16."""
+    largest = min(max_num_seqs * 2, 512, max_num_batched_tokens)
+    sizes = [size for size in (1, 2, 4) if size <= largest]
+    sizes += list(range(8, min(largest + 1, 256), 8))
+    sizes += list(range(256, largest + 1, 16))
+    return sizes
+
+
+def cudagraph_bytes(inputs: OverheadInputs) -> int:
+    """The CUDA-graph estimate vLLM subtracts (FULL_AND_PIECEWISE: two graphs per capture size); 0 when eager or
+    on a version that does not subtract it."""
+    if inputs.enforce_eager or not subtracts_cudagraph_estimate(inputs.vllm_version):
+        return 0
+    graphs = 2 * len(cudagraph_capture_sizes(inputs.max_num_seqs, inputs.max_num_batched_tokens))
+    return graphs * CUDAGRAPH_BYTES_PER_GRAPH
+
+
+def stage_overhead_bytes(inputs: OverheadInputs, stage: int) -> dict[str, int]:
+    """Each overhead term of one GPU of pipeline stage `stage`, in bytes."""
+    first, last = stage == 0, stage == inputs.pp - 1
+    return {
+        "activation": activation_bytes(inputs),
+        "sampler": sampler_bytes(inputs) if last else 0,
+        "non_torch": non_torch_bytes(inputs),
+        "encoder": encoder_bytes(inputs) if first else 0,
+        "cudagraph": cudagraph_bytes(inputs),
+    }
+
+
+def requested_bytes(gpu_memory_utilization: float, cuda_total_bytes: float) -> int:
+    """vLLM's requested memory: ceil(total x utilization) (vllm/v1/worker/utils.py request_memory, 0.23.0)."""
+    return math.ceil(cuda_total_bytes * gpu_memory_utilization)
+
+
+def logged_kv_tokens(num_blocks: int, block_size: int, dcp: int, max_model_len: int, version: str) -> int:
+    """The "GPU KV cache size: N tokens" this version prints for num_blocks blocks per GPU.
+
+    0.20.2 and later: int(max_concurrency x max_model_len) with max_concurrency = num_blocks / cdiv(cdiv(len, dcp),
+    block_size) (kv_cache_utils.get_max_concurrency_for_kv_cache_config); before: num_blocks x block_size x dcp.
+    """
+    if not prints_tokens_from_concurrency(version):
+        return num_blocks * block_size * dcp
+    return int(logged_concurrency(num_blocks, block_size, dcp, max_model_len) * max_model_len)
+
+
+def logged_concurrency(num_blocks: int, block_size: int, dcp: int, max_model_len: int) -> float:
+    """ "Maximum concurrency for L tokens per request: X.XXx" before the scheduler's max_num_seqs cap."""
+    per_request = math.ceil(math.ceil(max_model_len / dcp) / block_size)
+    return num_blocks / per_request

@@ -1,0 +1,255 @@
+"""The per-stage, per-version overhead model (plugins/module_utils/kimi_overhead.py) and what the plan derives
+from it: the budget from the CUDA-visible total, the block size by backend, the printed token count, the
+concurrency cap, and the deployment values (--kv-cache-memory-bytes and the tokens it yields)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from module_utils import kimi_overhead as ko
+from module_utils import kimi_plan_options as plan_options
+from module_utils import kimi_presets as presets
+
+GIB = 1024**3
+H200_TP8 = {"model": "Kimi-K2.7-Code", "gpu": "h200", "tp": 8, "max_model_len": 131072}
+GREENNODE = {
+    "model": "Kimi-K2.7-Code",
+    "gpu": "h100",
+    "nodes": 2,
+    "tp": 8,
+    "pp": 2,
+    "enable_expert_parallel": True,
+    "kv_cache_dtype": "fp8",
+    "max_model_len": 32768,
+    "gpu_memory_utilization": 0.92,
+}
+
+
+def plan(**options):
+    return plan_options.plan_from_options(options)
+
+
+# --- versions ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "release"),
+    [
+        ("0.23.0", (0, 23, 0)),
+        ("v0.11.1rc2", (0, 11, 1)),
+        ("0.10.1.1+cu129", (0, 10, 1, 1)),
+        ("0.24.0.dev3", (0, 24, 0)),
+    ],
+)
+def test_versions_parse_to_their_release(text, release):
+    assert ko.parse_version(text) == release
+
+
+@pytest.mark.parametrize("text", ["", "latest", "0.x", "nightly-2025"])
+def test_a_version_that_does_not_parse_names_the_flag(text):
+    with pytest.raises(presets.PlanInputError) as error:
+        plan(**H200_TP8, vllm_version=text)
+    assert error.value.flag == "--vllm-version"
+
+
+def test_kv_cache_memory_bytes_since_0_10_2():
+    # CacheConfig.kv_cache_memory_bytes and --kv-cache-memory-bytes are in the 0.10.2 wheel, not in 0.10.1.1.
+    assert not ko.supports_kv_cache_memory_bytes("0.10.1.1")
+    assert ko.supports_kv_cache_memory_bytes("0.10.2")
+    assert ko.supports_kv_cache_memory_bytes(ko.PINNED_VLLM_VERSION)
+    assert plan(**H200_TP8)["kv_cache_memory_bytes_supported"] is True
+
+
+def test_the_pinned_version_is_the_default():
+    assert ko.PINNED_VLLM_VERSION == "0.23.0"
+    assert plan(**H200_TP8)["vllm_version"] == "0.23.0"
+
+
+# --- block size by backend and architecture -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("major", "dtype", "version", "block"),
+    [
+        (9, "bf16", "0.23.0", 16),  # FLASH_ATTN_MLA, multiples of 16
+        (9, "fp8", "0.23.0", 64),  # FLASHMLA: FLASH_ATTN_MLA has no FP8 cache
+        (10, "bf16", "0.23.0", 32),  # FLASHINFER_MLA [32, 64]
+        (12, "bf16", "0.23.0", 16),  # TRITON_MLA on the RTX PRO 6000
+        (9, "bf16", "0.11.0", 64),  # FlashMLA forced on Hopper
+        (10, "bf16", "0.11.0", 128),  # CUTLASS MLA forced on Blackwell
+        (None, "bf16", "0.23.0", 16),
+    ],
+)
+def test_block_size_follows_the_attention_backend(major, dtype, version, block):
+    assert ko.default_block_size(major, dtype, version) == block
+
+
+def test_presets_carry_the_architecture_and_a_given_block_size_wins():
+    assert plan(**{**GREENNODE, "gpu_memory_utilization": 0.92})["block_size"] == 64
+    assert plan(**H200_TP8)["block_size"] == 16
+    assert plan(**H200_TP8, block_size=128)["block_size"] == 128
+    assert plan(model="lab-mini", gpu="cpu", kv_cache_gib_per_gpu=1)["block_size"] == 128
+
+
+# --- the budget: ceil(util x CUDA-visible total) - weights - overhead - reserve ----------------------------------
+
+
+def test_gpu_presets_keep_both_totals():
+    h200 = presets.find_gpu("h200")
+    assert (h200.memory_gib, h200.cuda_memory_gib) == (pytest.approx(140.4, abs=0.01), 139.81)
+    assert presets.find_gpu("h100").cuda_memory_gib == 79.19
+    assert presets.find_gpu("b200").cuda_memory_gib == 178.35
+    assert presets.find_gpu("h200").cuda_memory_source
+
+
+def test_budget_is_requested_minus_weights_minus_each_term():
+    result = plan(**H200_TP8)
+    stage = result["stages"][0]
+    requested = math.ceil(0.9 * 139.81 * GIB) / GIB
+    assert result["gpu_memory_gib"] == 139.81 and result["gpu_memory_gib_driver"] == pytest.approx(140.4, abs=0.01)
+    assert stage["kv_cache_gib_per_gpu"] == pytest.approx(
+        requested - stage["weights_gib_per_gpu"] - stage["overhead_gib"], abs=1e-3
+    )
+    assert set(stage["overhead_breakdown_gib"]) == {"activation", "sampler", "non_torch", "encoder", "cudagraph"}
+    assert stage["overhead_gib"] == pytest.approx(sum(stage["overhead_breakdown_gib"].values()), abs=1e-3)
+
+
+def test_reserve_is_an_extra_on_top_of_the_overhead():
+    base, reserved = plan(**H200_TP8), plan(**H200_TP8, reserve_gib=2)
+    assert base["kv_cache_gib_per_gpu"] - reserved["kv_cache_gib_per_gpu"] == pytest.approx(2, abs=1e-3)
+
+
+def test_overhead_model_none_is_the_planner_before_issue_15():
+    result = plan(**H200_TP8, overhead_model="none")
+    assert result["gpu_memory_gib"] == pytest.approx(143771 / 1024, abs=1e-4)
+    assert result["stages"][0]["overhead_gib"] == 0
+    assert result["kv_cache_gib_per_gpu"] == pytest.approx(0.9 * 143771 / 1024 - result["weights_gib_per_gpu"], 1e-3)
+
+
+def test_sampler_on_the_last_stage_encoder_on_the_first():
+    stages = plan(**GREENNODE)["stages"]
+    assert stages[0]["overhead_breakdown_gib"]["sampler"] == 0
+    assert stages[1]["overhead_breakdown_gib"]["sampler"] == pytest.approx(1024 * 163840 * 20 / GIB, abs=1e-3)
+    assert stages[0]["overhead_breakdown_gib"]["encoder"] > 0
+    assert stages[1]["overhead_breakdown_gib"]["encoder"] == 0
+    text_only = plan(**GREENNODE, language_model_only=True)["stages"]
+    assert text_only[0]["overhead_breakdown_gib"]["encoder"] == 0
+
+
+def test_sampler_scales_with_min_of_seqs_and_batched_tokens():
+    small = plan(**H200_TP8, max_num_seqs=64)["stages"][0]["overhead_breakdown_gib"]["sampler"]
+    assert small == pytest.approx(64 * 163840 * 20 / GIB, abs=1e-4)
+    capped = plan(**H200_TP8, max_num_seqs=512, max_num_batched_tokens=256)
+    assert capped["stages"][0]["overhead_breakdown_gib"]["sampler"] == pytest.approx(256 * 163840 * 20 / GIB, abs=1e-4)
+
+
+def test_activation_grows_with_batched_tokens():
+    low = plan(**H200_TP8, max_num_batched_tokens=2048)["stages"][0]["overhead_breakdown_gib"]["activation"]
+    high = plan(**H200_TP8, max_num_batched_tokens=16384)["stages"][0]["overhead_breakdown_gib"]["activation"]
+    assert high == pytest.approx(8 * low, rel=1e-3)
+
+
+def test_cudagraph_estimate_only_when_captured_and_subtracted():
+    assert plan(**H200_TP8)["stages"][0]["overhead_breakdown_gib"]["cudagraph"] > 0
+    assert plan(**H200_TP8, enforce_eager=True)["stages"][0]["overhead_breakdown_gib"]["cudagraph"] == 0
+    assert plan(**H200_TP8, vllm_version="0.11.0")["stages"][0]["overhead_breakdown_gib"]["cudagraph"] == 0
+    assert ko.cudagraph_capture_sizes(1024, 8192)[-1] == 512
+    assert len(ko.cudagraph_capture_sizes(1024, 8192)) == 3 + 31 + 17
+
+
+def test_deepep_buffers_with_expert_parallel_only():
+    base = plan(**GREENNODE)["stages"][0]["overhead_breakdown_gib"]["non_torch"]
+    deepep = plan(**GREENNODE, all2all_backend="deepep_low_latency")["stages"][0]["overhead_breakdown_gib"]
+    # EP 8 inside one node: the NVLink buffer only.
+    assert deepep["non_torch"] - base == pytest.approx(1.0, abs=1e-3)
+    no_ep = {**GREENNODE, "enable_expert_parallel": False, "all2all_backend": "deepep_low_latency"}
+    assert plan(**no_ep)["stages"][0]["overhead_breakdown_gib"]["non_torch"] == base
+
+
+def test_nccl_init_counts_before_0_11():
+    old = plan(**H200_TP8, vllm_version="0.10.2")["stages"][0]["overhead_breakdown_gib"]["non_torch"]
+    assert old == pytest.approx(1.38, abs=1e-3)
+
+
+def test_no_overhead_on_one_cpu_and_the_lab_figures_stay():
+    result = plan(model="lab-mini", gpu="cpu", gpu_memory_gib=8, gpu_memory_utilization=0.3)
+    assert result["overhead_model"] == "none"
+    assert result["stages"][0]["overhead_gib"] == 0
+
+
+# --- printed tokens, concurrency and the max_num_seqs cap -------------------------------------------------------------
+
+
+def test_printed_tokens_follow_the_version():
+    # 1000 blocks of 16 at a 1,000-token length: 0.23 prints int(1000 / 63 x 1000), 0.20.0 prints 16,000.
+    assert ko.logged_kv_tokens(1000, 16, 1, 1000, "0.23.0") == int(1000 / 63 * 1000)
+    assert ko.logged_kv_tokens(1000, 16, 1, 1000, "0.20.0") == 16000
+    assert ko.logged_kv_tokens(1024, 16, 8, 131072, "0.23.0") == 1024 * 16 * 8
+
+
+def test_concurrency_is_capped_by_max_num_seqs():
+    short = {**H200_TP8, "max_model_len": 256}
+    uncapped = plan(**short)
+    assert uncapped["max_concurrent_sequences"] == 1024  # vLLM's default max_num_seqs on a large GPU
+    assert uncapped["max_concurrency_logged"] > 1024
+    assert plan(**short, max_num_seqs=100)["max_concurrent_sequences"] == 100
+
+
+@pytest.mark.parametrize(
+    ("option", "flag"), [("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens")]
+)
+@pytest.mark.parametrize("value", [0, -4])
+def test_non_positive_limits_name_the_flag(option, flag, value):
+    with pytest.raises(presets.PlanInputError) as error:
+        plan(**H200_TP8, **{option: value})
+    assert error.value.flag == flag
+
+
+def test_unknown_all2all_backend_names_the_flag():
+    with pytest.raises(presets.PlanInputError) as error:
+        plan(**H200_TP8, all2all_backend="carrier-pigeon")
+    assert error.value.flag == "--all2all-backend"
+
+
+# --- deploying the plan exactly -----------------------------------------------------------------------------------
+
+
+def test_kv_cache_memory_bytes_is_the_smallest_stage_budget_floored():
+    result = plan(**GREENNODE)
+    budgets = [stage["kv_cache_gib_per_gpu"] for stage in result["stages"]]
+    assert isinstance(result["kv_cache_memory_bytes"], int)
+    assert result["kv_cache_memory_bytes"] / GIB == pytest.approx(min(budgets), abs=1e-3)
+
+
+def test_kv_tokens_deployed_from_that_one_value_on_every_stage():
+    result = plan(**GREENNODE)
+    budget = result["kv_cache_memory_bytes"]
+    # Stage 0 holds 31 layers, stage 1 30: the same bytes give stage 0 fewer blocks, and it decides.
+    blocks = min(budget // (64 * layers * 576) for layers in (31, 30))
+    assert result["kv_blocks_per_gpu"] == blocks
+    assert result["kv_tokens_deployed"] == ko.logged_kv_tokens(blocks, 64, 1, 32768, "0.23.0")
+    assert result["kv_tokens_deployed"] <= result["kv_tokens"]
+
+
+def test_measured_budget_is_deployed_as_is():
+    result = plan(**H200_TP8, kv_cache_gib_per_gpu=20)
+    assert result["kv_cache_memory_bytes"] == 20 * GIB
+    assert result["kv_tokens_deployed"] == result["kv_tokens"]
+
+
+def test_a_budget_below_the_overhead_is_refused_naming_the_variable():
+    result = plan(**H200_TP8, gpu_memory_utilization=0.55)
+    assert not result["fits"]
+    reason = result["reasons"][0]
+    assert "modelled overhead" in reason
+    assert "--gpu-memory-utilization (kimi_gpu_memory_utilization)" in reason
+
+
+def test_a_measured_budget_that_leaves_no_room_for_the_overhead_is_refused():
+    result = plan(**H200_TP8, kv_cache_gib_per_gpu=60)
+    assert result["fits"]
+    tight = plan(**H200_TP8, kv_cache_gib_per_gpu=1, gpu_memory_utilization=0.55)
+    assert not tight["fits"]
+    assert "modelled overhead" in tight["reasons"][0]
