@@ -67,6 +67,7 @@ class ServeSpec:
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     enforce_eager: bool = False  # kimi_enforce_eager: no CUDA graphs (the planner then models none)
+    block_size: int = 0  # kimi_kv_block_size: 0 leaves the attention backend's default
     # The planner's per-GPU KV budget (plan key kv_cache_memory_bytes; 0 leaves vLLM to profile its own): vLLM
     # then sizes the KV cache from this number and ignores gpu_memory_utilization, so it logs the planned tokens.
     kv_cache_memory_bytes: int = 0
@@ -185,6 +186,8 @@ def _capacity_flags(spec: ServeSpec) -> list[str]:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    if spec.block_size:
+        argv += ["--block-size", str(spec.block_size)]
     if spec.kv_cache_memory_bytes:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes)]
     if spec.enforce_eager:

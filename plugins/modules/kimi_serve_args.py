@@ -81,6 +81,7 @@ INT_FIELDS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "kv_cache_memory_bytes",
+    "block_size",
 )
 BOOL_FIELDS = (
     "enable_expert_parallel",
