@@ -61,7 +61,7 @@ SAMPLER_BYTES_PER_LOGIT = 4 * FP32_BYTES + 4
 # Fitted to the one published Kimi K2 start-up log with known settings and no other unknown term: Kimi-K2-Thinking,
 # 8 x H200, TP 8, vLLM defaults (0.9, max_num_batched_tokens 8192, max_num_seqs 1024), "Available KV cache memory:
 # 46.80 GiB" (github.com/vllm-project/recipes/pull/115, moonshotai/Kimi-K2-Think.md). It is not independent of
-# that case; the other cases of tests/fixtures/planner/startup_logs.yaml check it.
+# that case; the other cases of tests/fixtures/planner/startup_logs.json check it.
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 73.2
 # MoonViT's hidden size (K2.5-based checkpoints' vision_config.hidden_size; the miniature config test in
 # tests/unit uses the same 1152). The encoder's dummy batch is costed like the language model's activations over
