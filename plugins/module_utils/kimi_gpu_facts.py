@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .kimi_checkpoint import file_sha256 as sha256_file
 from .kimi_gpu import APPS_QUERY_ARGS, GPU_QUERY_ARGS, gpu_facts
 from .kimi_stack import (
     _NCCL_PROBE_SCRIPT,
@@ -250,14 +250,6 @@ def parse_fb_memory(text: str) -> list[dict[str, int]]:
         elif line.strip() and not line.startswith(" " * 8):
             current = None  # the next section of the same GPU (less indented): this block has ended
     return blocks
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _stderr(line: str) -> None:
