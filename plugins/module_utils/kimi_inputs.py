@@ -27,7 +27,7 @@ from .kimi_layout import LAYOUTS
 from .kimi_presets import PlanInputError, find_gpu, find_model
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
-PHASES = ("preflight", "stack", "parity", "checkpoint", "serve", "monitoring", "verify")
+PHASES = ("preflight", "stack", "firewall", "parity", "checkpoint", "serve", "router", "monitoring", "verify")
 
 HEX_COMMIT = re.compile(r"[0-9a-f]{40}")
 # Hugging Face repository ids: a namespace and a name of letters, digits, '-', '_' and '.', 96 characters at most.
@@ -493,10 +493,69 @@ def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+def _router_port_clash(values: Mapping[str, Any], port: int) -> str | None:
+    """The serving-node service already on ``port`` (vLLM's, the monitoring role's), None when it is free."""
+    taken = {
+        "kimi_api_port": values.get("kimi_api_port", 8000),
+        "kimi_master_port": values.get("kimi_master_port", 29501),
+        "vllm_serve_data_parallel_rpc_port": values.get("vllm_serve_data_parallel_rpc_port", 13345),
+        **{name: values.get(name, default) for name, default in MONITORING_PORTS.items()},
+    }
+    return next((name for name, value in taken.items() if as_int(value) == port), None)
+
+
+def router_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The front door: its port, its keys, and on each router host its TLS files and a port no node service uses.
+
+    ``kimi_router_inventory`` is what the kimi role read from the router hosts, never a secret itself: per host,
+    whether it is also a serving node and whether its certificate and key are set. ``kimi_router_api_key_count``
+    stands for kimi_router_api_keys (the keys are not handed to this check).
+    """
+    phase = "router"
+    routers = values.get("kimi_router_inventory") or []
+    if not routers:
+        return []
+    problems = _ports(values, ("kimi_router_port",), phase) if "kimi_router_port" in values else []
+    if as_int(values.get("kimi_router_api_key_count", 0)) in (None, 0):
+        problems.append(
+            Problem(
+                "kimi_router_api_keys",
+                phase,
+                "is empty: the router requires one of these keys on every route but /health",
+                'set at least one key from Vault, e.g. kimi_router_api_keys: ["{{ vault_kimi_api_key }}"]',
+            )
+        )
+    port = as_int(values.get("kimi_router_port", 443))
+    for router in routers:
+        host = router.get("host", "?")
+        for name, what in (("router_tls_certificate", "certificate"), ("router_tls_key", "private key")):
+            if not router.get(name):
+                problems.append(
+                    Problem(
+                        name,
+                        phase,
+                        f"is empty on router host {host}: the front door serves HTTPS only",
+                        f"set it from Vault to the PEM {what} the router serves (the lab makes its own CA)",
+                    )
+                )
+        clash = _router_port_clash(values, port) if router.get("serving_node") and port else None
+        if clash:
+            problems.append(
+                Problem(
+                    "kimi_router_port",
+                    phase,
+                    f"is {port} on {host}, which is also a serving node and uses that port as {clash}",
+                    "give the router a port no node service uses (443, or 8443)",
+                )
+            )
+    return problems
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
     "stack": stack_problems,
     "checkpoint": checkpoint_problems,
     "serve": serve_problems,
+    "router": router_problems,
     "monitoring": monitoring_problems,
 }
 

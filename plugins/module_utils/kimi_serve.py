@@ -71,6 +71,8 @@ class ServeSpec:
     # The planner's per-GPU KV budget (plan key kv_cache_memory_bytes; 0 leaves vLLM to profile its own): vLLM
     # then sizes the KV cache from this number and ignores gpu_memory_utilization, so it logs the planned tokens.
     kv_cache_memory_bytes: int = 0
+    # Seconds vLLM (0.18.0 and later) lets in-flight requests finish after SIGTERM; 0: it aborts them at once.
+    shutdown_timeout: int = 0
     extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
 
     @property
@@ -192,6 +194,8 @@ def _capacity_flags(spec: ServeSpec) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    if spec.shutdown_timeout:
+        argv += ["--shutdown-timeout", str(spec.shutdown_timeout)]
     return argv
 
 

@@ -82,6 +82,7 @@ INT_FIELDS = (
     "max_num_batched_tokens",
     "kv_cache_memory_bytes",
     "block_size",
+    "shutdown_timeout",
 )
 BOOL_FIELDS = (
     "enable_expert_parallel",

@@ -258,14 +258,16 @@ WHOLE_KIMI_VALUE = re.compile(r"\{\{\s*(kimi_\w+)\s*\}\}")
 
 
 def derived_role_defaults() -> dict[str, str]:
-    """Every phase role's default whose whole value is one kimi variable: {variable: kimi variable}."""
+    """Every phase role's default whose whole value is one kimi setting: {variable: kimi variable}. A default that
+    is one of the kimi role's derivations (roles/kimi/vars/main.yml, e.g. kimi_monitoring_hosts) is no input."""
+    settings = yaml.safe_load((KIMI_ROLE / "defaults" / "main.yml").read_text())
     derived = {}
     for path in sorted(paths.REPO_ROOT.glob("roles/*/defaults/main.yml")):
         if path.parts[-3] == "kimi":
             continue
         for name, value in (yaml.safe_load(path.read_text()) or {}).items():
             match = WHOLE_KIMI_VALUE.fullmatch(value.strip()) if isinstance(value, str) else None
-            if match:
+            if match and match.group(1) in settings:
                 derived[name] = match.group(1)
     return derived
 
@@ -352,3 +354,45 @@ def test_the_monitoring_ports_equal_the_role_defaults():
     assert durations == set(ki.MONITORING_DURATIONS)
     handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
     assert set(ki.MONITORING_DURATIONS) <= set(handed_over)
+
+
+def router_values(**changes):
+    router = {"host": "edge1", "serving_node": False, "router_tls_certificate": True, "router_tls_key": True}
+    values = {
+        **GOOD,
+        "kimi_router_api_key_count": 1,
+        "kimi_router_inventory": [{**router, **changes.pop("router", {})}],
+    }
+    values.update(changes)
+    return ki.judge({"node1": values}, ["router"])
+
+
+def test_router_inputs_pass_when_tls_keys_and_port_are_set():
+    assert router_values() == []
+
+
+def test_router_without_certificate_or_key_is_refused_naming_the_variable_and_host():
+    found = router_values(router={"router_tls_certificate": False, "router_tls_key": False})
+    assert [p["variable"] for p in found] == ["router_tls_certificate", "router_tls_key"]
+    assert all("on router host edge1" in p["message"] and p["phase"] == "router" for p in found)
+
+
+def test_router_without_api_keys_is_refused():
+    (found,) = router_values(kimi_router_api_key_count="0")
+    assert found["variable"] == "kimi_router_api_keys"
+
+
+def test_router_on_a_serving_node_with_a_clashing_port_is_refused():
+    (found,) = router_values(router={"serving_node": True}, kimi_router_port="9100")
+    assert found["variable"] == "kimi_router_port"
+    assert (
+        "9100 on edge1, which is also a serving node and uses that port as monitoring_node_exporter_port"
+        in (found["message"])
+    )
+    # The same port on a host that serves nothing is fine.
+    assert router_values(kimi_router_port="9100") == []
+
+
+def test_no_router_hosts_means_no_router_problems():
+    values = {**GOOD, "kimi_router_api_key_count": 0}
+    assert ki.judge({"node1": values}, ["router"]) == []

@@ -173,6 +173,14 @@ def test_the_planned_budget_and_eager_mode_reach_the_argv():
     assert "--kv-cache-memory-bytes" not in plain and "--enforce-eager" not in plain
 
 
+def test_the_shutdown_grace_reaches_every_rank_only_when_set():
+    nodes = plan_nodes(replace(MP, shutdown_timeout=45))
+    for node in nodes.values():
+        argv = node["argv"]
+        assert argv[argv.index("--shutdown-timeout") + 1] == "45"
+    assert all("--shutdown-timeout" not in node["argv"] for node in plan_nodes(MP).values())
+
+
 RAY_STATUS = """======== Autoscaler status: 2026-01-01 ========
 Node status
 ---------------------------------------------------------------
