@@ -56,6 +56,8 @@ HOLD_ACTIONS = {"dpkg_selections"}
 PIP_ACTIONS = {"pip"}
 SERVICE_ACTIONS = {"systemd", "systemd_service", "service", "sysvinit"}
 COMMAND_ACTIONS = {"command", "shell", "raw", "script"}
+# The firewall role's module: its msg names each rule changed by hand since the last apply.
+FIREWALL_ACTIONS = {"kimi_nftables"}
 # The files a person is tempted to edit on a node: the vLLM (and Ray) units and the environment they load.
 UNIT_FILE = re.compile(r"(^|/)kimi-[A-Za-z0-9_.@-]*\.service$")
 ENV_FILE = re.compile(r"(^|/)etc/kimi/[^/]+\.env$")
@@ -138,7 +140,8 @@ def record_path(record: dict[str, Any]) -> str | None:
 
 
 def classify(record: dict[str, Any]) -> str:
-    """What a converge record is about: unit_file, env_file, file, package, hold, pip, service, command, other."""
+    """What a converge record is about: unit_file, env_file, file, package, hold, pip, service, command, firewall,
+    other."""
     action = short_action(record.get("action"))
     path = record_path(record) or ""
     if action in FILE_ACTIONS or (record.get("censored") and path):
@@ -157,6 +160,8 @@ def classify(record: dict[str, Any]) -> str:
         return "service"
     if action in COMMAND_ACTIONS:
         return "pip" if PIP_COMMAND.search(str(record.get("cmd") or "")) else "command"
+    if action in FIREWALL_ACTIONS:
+        return "firewall"
     return "other"
 
 
@@ -271,6 +276,8 @@ def change_finding(record: dict[str, Any]) -> Finding:
         title = f"package: {where}{item} would change packages"
     elif category == "service":
         title = f"service: {where}{item} would change a unit's state"
+    elif category == "firewall":
+        title = f"firewall: {record.get('msg') or 'table differs'} ({where} would load the rules again)"
     elif path and _is_missing(record):
         title = f"{category}: {path} is missing ({where}{item} would create it)"
     elif path:

@@ -18,6 +18,7 @@ from module_utils import kimi_checkpoint as ck
 from module_utils.kimi_drift import (
     KINDS,
     build_report,
+    change_finding,
     checkpoint_state,
     classify,
     converge_findings,
@@ -809,3 +810,18 @@ def test_module_refuses_a_bad_stamp_or_pattern(tmp_path):
     ok, result = run_module(tmp_path, "kimi_drift_report", module_args(tmp_path, ignore=["(unclosed"]))
     assert not ok
     assert "is not a regular expression" in result["msg"]
+
+
+def test_a_firewall_rule_removed_by_hand_is_named_in_the_finding():
+    record = {
+        "kind": "changed",
+        "host": "node2",
+        "action": "kimi_nftables",
+        "role": "firewall",
+        "task": "Keep table inet kimi loaded as the rules file says (a rule changed by hand is a change)",
+        "msg": "rule missing: tcp dport @group_ports reject with tcp reset (chain input)",
+    }
+    assert classify(record) == "firewall"
+    finding = change_finding(record)
+    assert finding.line().startswith("node2: converge: firewall: rule missing: tcp dport @group_ports reject")
+    assert "firewall : Keep table inet kimi loaded" in finding.title
