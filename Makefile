@@ -9,9 +9,10 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 LAB := lab/lab
 NODES ?= 2
-# Host packages the lab and the toolchain need (Debian/Ubuntu names).
+# Host packages the lab and the toolchain need (Debian/Ubuntu names); haproxy, nftables and openssl for the
+# router and firewall tests (tests/local: real haproxy on loopback, nft in throwaway network namespaces).
 HOST_PACKAGES := debootstrap systemd-container dpkg-dev zstd iptables iproute2 openssh-client git curl gcc \
-	python3 python3-venv ca-certificates
+	python3 python3-venv ca-certificates haproxy nftables openssl
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # Ansible's and Molecule's state stays in the clone (.ansible/), never in ~/.ansible.
 export ANSIBLE_HOME := $(CURDIR)/.ansible
@@ -90,7 +91,7 @@ lab-test: lab-build ## Tests against the real lab (boots and tears down its own 
 # Order matters on shared nodes: preflight (which must find /data untouched) first, then the stack roles,
 # the checkpoint, and serving last (its prepare finds the stack and the checkpoint already there).
 MOLECULE_NODES := 2
-MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring
+MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring router firewall
 
 molecule: lab-build ## Every role's Molecule scenario, on one lab booted once for all of them
 	@unlisted=$$(for d in molecule/*/molecule.yml; do n=$$(basename $$(dirname $$d)); \
