@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import ssl
 import subprocess
+import time
 import urllib.request
+from dataclasses import dataclass
 
 RANK0_ADDRESS = "198.18.0.11"
 RANK0_API = f"http://{RANK0_ADDRESS}:8000"
@@ -24,3 +29,69 @@ def generates_a_token(timeout: float = 30) -> bool:
             return reply.status == 200 and bool(json.load(reply)["choices"])
     except OSError:
         return False
+
+
+def assert_routes_via_lab_bridge(address: str) -> None:
+    """Tests send only to the lab's own nodes: the address must route through br-lab."""
+    route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True)
+    assert "dev br-lab" in route.stdout, f"{address} does not route via the lab bridge: {route.stdout}"
+
+
+def connect_outcome(address: str, port: int, timeout: float = 5) -> str:
+    """'accepted', 'refused' (a TCP reset) or 'timeout' for one TCP connection from the lab host."""
+    assert_routes_via_lab_bridge(address)
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return "accepted"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "timeout"
+
+
+@dataclass
+class FrontDoor:
+    """The router's HTTPS endpoint as a client sees it: its address and port, the CA the lab made, a key."""
+
+    address: str
+    port: int
+    ca_file: str
+    key: str
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=self.ca_file)
+
+    def request(
+        self, method: str, path: str, body: dict | None = None, key: str | None = "", timeout: float = 60
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request; key "" sends this front door's key, None sends no Authorization."""
+        assert_routes_via_lab_bridge(self.address)
+        headers = {"Content-Type": "application/json"}
+        token = self.key if key == "" else key
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        connection = http.client.HTTPSConnection(self.address, self.port, context=self.context(), timeout=timeout)
+        try:
+            connection.request(method, path, body=json.dumps(body).encode() if body else None, headers=headers)
+            reply = connection.getresponse()
+            return reply.status, reply.read()
+        finally:
+            connection.close()
+
+    def stream_completion(self, max_tokens: int, timeout: float = 120) -> float:
+        """Seconds one streamed completion took, start to `[DONE]`; raises on any failure (status, cut stream)."""
+        assert_routes_via_lab_bridge(self.address)
+        body = {"model": SERVED_MODEL, "prompt": "Count slowly:", "max_tokens": max_tokens, "stream": True}
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
+        started = time.monotonic()
+        connection = http.client.HTTPSConnection(self.address, self.port, context=self.context(), timeout=timeout)
+        try:
+            connection.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers=headers)
+            reply = connection.getresponse()
+            if reply.status != 200:
+                raise RuntimeError(f"status {reply.status}: {reply.read()[:200]!r}")
+            if not reply.read().rstrip().endswith(b"data: [DONE]"):
+                raise RuntimeError("the stream ended without [DONE]")
+        finally:
+            connection.close()
+        return time.monotonic() - started

@@ -48,6 +48,9 @@ LAB_FILE_ORDER = (
     "test_stack_parity.py",
     "test_site_then_drift.py",
     "test_site_then_lifecycle.py",
+    "test_site_then_heal.py",
+    # Last: it reshapes the lab into two replicas behind a router.
+    "test_front_door.py",
 )
 MIRROR_MODULES = ("mirrors_apt", "mirrors_wheels", "mirrors_hf")
 
@@ -224,9 +227,8 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.fixture
-def serving(lab_controller, request):
-    """The 2-node lab converged by site.yml and generating tokens, shared by every test that asks for it."""
+def ensure_serving(lab_controller: LabController) -> LabController:
+    """The 2-node lab converged by site.yml and generating tokens: the session's one converge, made when missing."""
     lab_controller.ensure_up(2)
     if lab_controller.converged is None or not generates_a_token():
         started = time.monotonic()
@@ -235,7 +237,13 @@ def serving(lab_controller, request):
         assert result.rc == 0, result.failure_messages()
         assert generates_a_token(), "the lab does not generate a token after a converge"
         lab_controller.converged = result
-    yield lab_controller
+    return lab_controller
+
+
+@pytest.fixture
+def serving(lab_controller, request):
+    """The 2-node lab converged by site.yml and generating tokens, shared by every test that asks for it."""
+    yield ensure_serving(lab_controller)
     call = getattr(request.node, "lab_report_call", None)
     if call is None or call.failed:
         # The test may have left the nodes half-changed: the next test that needs them converges again.

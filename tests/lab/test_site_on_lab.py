@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.ansible_run import REPO_ROOT, run_playbook
-from tests.lab_api import generates_a_token
+from tests.lab_api import RANK0_ADDRESS, connect_outcome, generates_a_token
 
 pytestmark = pytest.mark.lab
 
@@ -47,6 +47,15 @@ def test_site_converges_and_a_second_run_changes_nothing(serving):
     assert second.rc == 0, second.failure_messages()
     assert second.changed == 0, second.stats.get("changed")
     assert second.count("failures") == 0
+
+
+def test_the_firewall_closes_the_group_ports_to_all_but_the_replica_and_leaves_the_api_open(serving):
+    # No router in this inventory: the API is the front door itself. The master port is the replica's own.
+    assert connect_outcome(RANK0_ADDRESS, 8000) == "accepted"
+    assert connect_outcome(RANK0_ADDRESS, 29501) == "refused"
+    probe = f"python3 -c 'import socket; socket.create_connection((\"{RANK0_ADDRESS}\", 29501), 5)'"
+    accepted = serving.ssh("node2", probe)
+    assert accepted.returncode == 0, accepted.stderr
 
 
 def test_data_filesystem_too_small_is_refused_with_both_numbers(serving):
