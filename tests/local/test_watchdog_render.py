@@ -68,9 +68,10 @@ def test_rank_0_judges_its_own_api_with_the_key_file_and_the_timings(rendered):
     config = json.loads((root / "node1/etc/kimi/watchdog.json").read_text())
     assert config_from_mapping(config).role == "rank0"
     assert config["unit"] == "kimi-vllm.service"
-    assert config["health_url"] == "http://127.0.0.1:8000/health"
-    assert config["metrics_url"] == "http://127.0.0.1:8000/metrics"
-    assert config["probe_url"] == "http://127.0.0.1:8000/v1/completions"
+    # The API binds to the cluster address (vllm_serve_api_host), so rank 0 asks itself there.
+    assert config["health_url"] == "http://198.18.0.11:8000/health"
+    assert config["metrics_url"] == "http://198.18.0.11:8000/metrics"
+    assert config["probe_url"] == "http://198.18.0.11:8000/v1/completions"
     assert config["served_model_name"] == "kimi-k2"
     assert (config["api_key_env"], config["api_key_env_file"]) == ("VLLM_API_KEY", "/etc/kimi/vllm-secrets.env")
     assert "lab-secret" not in json.dumps(config)
