@@ -51,7 +51,7 @@ def test_every_shipped_inventory_passes_every_phases_input_check(inventory, tmp_
     assert result.rc == 0, result.failure_messages()
     assert not result.unreachable_hosts
     judged = next(iter(result.results_of(JUDGE).values()))
-    assert judged["phases"] == ["preflight", "stack", "parity", "checkpoint", "serve", "verify"]
+    assert judged["phases"] == ["preflight", "stack", "firewall", "parity", "checkpoint", "serve", "router", "verify"]
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["fits"], plan["reasons"]
 
