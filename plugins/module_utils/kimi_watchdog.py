@@ -364,7 +364,8 @@ def _stall(obs: Observation) -> str:
 def _judge_headless(config: Config, state: State, obs: Observation) -> tuple[_Finding, State]:
     closed = rendezvous_closed(obs.rendezvous_states)
     health_ok = obs.health is not None and obs.health.ok
-    state = replace(state, served=state.served or health_ok, closed_checks=state.closed_checks + 1 if closed else 0)
+    served = state.served or (health_ok and _in_a_group(config, obs))
+    state = replace(state, served=served, closed_checks=state.closed_checks + 1 if closed else 0)
     if closed:
         return _closed_rendezvous(config, state), state
     if not config.health_url:
@@ -381,6 +382,18 @@ def _judge_headless(config: Config, state: State, obs: Observation) -> tuple[_Fi
     if state.served:
         return _rank0_failing(config, replace(state, failures=state.failures + 1), obs)
     return _never_joined(config, obs), replace(state, failures=0)
+
+
+def _in_a_group(config: Config, obs: Observation) -> bool:
+    """Whether rank 0's answer is this rank's group's: the rank holds a live connection to rank 0's rendezvous.
+
+    A rank started while the previous rank 0 drains (its watchdog restarting it) sees that old rank 0 answer
+    /health before joining anything. Counting that answer as "the group served" would make the old rank 0's exit
+    look like the loss of this rank's group, and restart it just as it joins the new rank 0 (measured in the lab:
+    the two watchdogs then kept breaking each other's group for minutes). Without a rendezvous to look at (layouts
+    other than mp), /health is all there is.
+    """
+    return not config.rendezvous or "ESTAB" in obs.rendezvous_states
 
 
 def _closed_rendezvous(config: Config, state: State) -> _Finding:

@@ -227,6 +227,19 @@ def test_rank_0_restarted_alone_loads_untouched_while_the_headless_rank_rejoins(
     assert node1.restarts == []
 
 
+def test_a_rank_started_while_the_old_rank_0_drains_is_not_restarted_as_it_joins_the_new_one():
+    # Measured in the lab (node2's power cut): node2's new rank saw the old rank 0 still answer /health while its
+    # watchdog drained it, before the rank had joined anything; rank 0 then restarted, and counting that old
+    # answer as "my group served" restarted node2's rank just as the new group formed.
+    node2 = headless()
+    assert node2.check(health=OK, rendezvous_states=("SYN-SENT",)).verdict == "healthy"
+    assert set(node2.checks(3, health=REFUSED, rendezvous_states=("ESTAB",))) == {"waiting"}
+    assert node2.checks(2, health=OK, rendezvous_states=("ESTAB",)) == ["healthy", "healthy"]
+    # Once the group it joined has served, losing rank 0 is a loss again.
+    assert node2.checks(3, health=REFUSED, rendezvous_states=("ESTAB",))[-1] == "restart"
+    assert node2.restarts == ["rank0_lost"]
+
+
 # ------------------------------------------------------------------------------------------ nothing healthy is touched
 
 
@@ -877,6 +890,7 @@ def test_main_logs_a_failed_restart_and_still_counts_it_for_the_bounds(tmp_path)
 def test_main_keeps_its_state_between_runs_and_forgets_it_for_a_new_invocation(tmp_path):
     node = FakeNode(tmp_path, HEADLESS_JSON)
     node.answers = {HEADLESS_JSON["health_url"]: (OK, "")}
+    node.ss = SS_JOINED
     node.main()
     state = state_from_json(Path(node.config["state_path"]).read_text())
     assert (state.invocation_id, state.served) == ("inv-1", True)
