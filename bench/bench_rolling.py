@@ -29,6 +29,7 @@ def main() -> int:
         f"{record['failed']} failed of {record['requests']} requests at concurrency {record['concurrency']}, "
         f"latency p50 {record['latency_p50_s']} s, p99 {record['latency_p99_s']} s, max {record['latency_max_s']} s, "
         f"rollout {record['rollout_s']} s"
+        + "".join(f"; {step} {seconds} s" for step, seconds in record.get("steps_s", {}).items())
     )
     return 0
 

@@ -49,6 +49,8 @@ LOAD_PAUSE_S = 1.0
 LOAD_MAX_REQUESTS = 12000
 LOAD_MAX_S = 1200
 LOAD_MAX_TOKENS = 24
+# The rollouts' flag change, as it shows in the units' ExecStart.
+NEW_FLAG = "--shutdown-timeout 45"
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -67,7 +69,7 @@ def make_ca_and_certificate(directory: Path) -> tuple[Path, str, str]:
     return directory / "ca.pem", (directory / "router.pem").read_text(), (directory / "router.key").read_text()
 
 
-def replicas_inventory(directory: Path) -> Path:
+def replicas_inventory(directory: Path, replica_a_vars: dict | None = None) -> Path:
     """The lab's inventory with node1 and node2 as replicas a and b, and node1 as the router."""
     directory.mkdir()
     shutil.copy(LAB_INVENTORY / "hosts.yml", directory / "hosts.yml")
@@ -77,7 +79,7 @@ def replicas_inventory(directory: Path) -> Path:
             "children": {
                 "kimi_nodes": {
                     "children": {
-                        "kimi_replica_a": {"hosts": {"node1": {}}},
+                        "kimi_replica_a": {"hosts": {"node1": {}}, "vars": replica_a_vars or {}},
                         "kimi_replica_b": {"hosts": {"node2": {}}},
                     }
                 },
@@ -244,9 +246,41 @@ def main_pid(lab, node: str) -> str:
     return lab.ssh(node, "systemctl show -p MainPID --value kimi-vllm.service").stdout.strip()
 
 
-def test_a_rolling_flag_change_restarts_each_replica_in_turn_and_fails_no_request(front_door):
+def exec_start(lab, node: str) -> str:
+    return lab.ssh(node, "systemctl show -p ExecStart kimi-vllm.service").stdout
+
+
+def snapshot(lab) -> dict:
+    """Each replica's vLLM process, whether it runs with the new flag, and its state in the router."""
+    return {
+        node: {
+            "pid": main_pid(lab, node),
+            "new_flag": NEW_FLAG in exec_start(lab, node),
+            "router": router_state(lab, replica),
+        }
+        for node, replica in (("node1", "a"), ("node2", "b"))
+    }
+
+
+def test_a_rollout_stops_at_a_replica_failing_verify_and_limited_rollouts_finish_it_failing_no_request(
+    front_door, tmp_path
+):
     lab, inventory, extravars, door = front_door
-    before = {node: main_pid(lab, node) for node in ("node1", "node2")}
+    # Replica a's verify is made to fail (it expects a tool-call parser the units do not run): the first rollout
+    # restarts a, finds it failing, leaves it out of the router and stops before b.
+    failing_a = replicas_inventory(tmp_path / "failing-a", {"verify_expected_tool_call_parser": "no_such_parser"})
+    # A flag change on every replica (vLLM's drain grace, in its argv). Verify's own load test is left out: the
+    # streamed load through the router is this test's measure.
+    rollout_vars = {**extravars, "kimi_shutdown_timeout": 45, "verify_load_requests": 0}
+    states = {"before": snapshot(lab)}
+    results, took = {}, {}
+    steps = (
+        ("stopped at a", failing_a, None),
+        # a fixed and verified alone: it already runs the new flag, so it is not restarted, only put back.
+        ("a alone", inventory, "kimi_replica_a"),
+        # Then b alone, restarted with the flag while a serves.
+        ("b alone", inventory, "kimi_replica_b"),
+    )
     stop = threading.Event()
     outcome: dict = {}
     load = threading.Thread(
@@ -256,26 +290,55 @@ def test_a_rolling_flag_change_restarts_each_replica_in_turn_and_fails_no_reques
     try:
         time.sleep(5)  # the load is flowing before the rollout starts
         started = time.monotonic()
-        # A flag change on every replica: vLLM's drain grace, in its argv.
-        # Verify's own load test is left out: the streamed load through the router is this test's measure.
-        rollout_vars = {**extravars, "kimi_shutdown_timeout": 45, "verify_load_requests": 0}
-        result = run_playbook(ROLLING, inventory, extravars=rollout_vars)
+        for step, step_inventory, limit in steps:
+            step_started = time.monotonic()
+            results[step] = run_playbook(ROLLING, step_inventory, extravars=rollout_vars, limit=limit)
+            took[step] = time.monotonic() - step_started
+            states[step] = snapshot(lab)
+            print(f"rolling.yml ({step}) -> rc {results[step].rc} in {took[step]:.1f} s; "
+                  f"slowest tasks: {slowest_tasks(results[step])}")  # fmt: skip
+            if step != "stopped at a" and results[step].rc != 0:
+                break
         rollout_s = time.monotonic() - started
         time.sleep(5)
     finally:
         stop.set()
         load.join(timeout=300)
-    print(f"rolling.yml -> rc {result.rc} in {rollout_s:.1f} s; slowest tasks: {slowest_tasks(result)}")
-    assert result.rc == 0, result.failure_messages()
-    after = {node: main_pid(lab, node) for node in ("node1", "node2")}
-    assert all(after[node] != before[node] for node in after), (before, after)
-    assert "--shutdown-timeout 45" in lab.ssh("node2", "systemctl show -p ExecStart kimi-vllm.service").stdout
+
+    # 1. The rollout stopped at a: a restarted with the flag, failed verify and stayed out of the router; b was
+    #    never reached (same process, old flag) and served every request meanwhile.
+    stopped = results["stopped at a"]
+    assert stopped.rc != 0, "a rollout with a replica failing verify succeeded"
+    assert any("verify failed" in m for m in stopped.failure_messages()), stopped.failure_messages()
+    after_stop = states["stopped at a"]
+    assert after_stop["node1"]["pid"] != states["before"]["node1"]["pid"] and after_stop["node1"]["new_flag"]
+    assert after_stop["node1"]["router"]["admin"] == "maint", after_stop["node1"]["router"]
+    assert after_stop["node2"]["pid"] == states["before"]["node2"]["pid"] and not after_stop["node2"]["new_flag"]
+    assert after_stop["node2"]["router"]["status"].startswith("UP"), after_stop["node2"]["router"]
+    # 2. `--limit kimi_replica_a`: only a ran; verified, it is back in the router without a restart.
+    assert results["a alone"].rc == 0, results["a alone"].failure_messages()
+    a_alone = states["a alone"]
+    assert a_alone["node1"]["pid"] == after_stop["node1"]["pid"]
+    assert a_alone["node1"]["router"]["admin"] == "ready", a_alone["node1"]["router"]
+    assert a_alone["node2"]["pid"] == states["before"]["node2"]["pid"]
+    # 3. `--limit kimi_replica_b`: b restarted with the flag, a untouched; both in the router.
+    assert results["b alone"].rc == 0, results["b alone"].failure_messages()
+    b_alone = states["b alone"]
+    assert b_alone["node2"]["pid"] != states["before"]["node2"]["pid"] and b_alone["node2"]["new_flag"]
+    assert b_alone["node1"]["pid"] == after_stop["node1"]["pid"]
+    for replica in ("a", "b"):
+        assert router_state(lab, replica)["status"].startswith("UP")
+
     latencies, failures = outcome["latencies"], outcome["failures"]
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else float("nan")
     record = {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "what": "rolling.yml flag change on two single-node lab replicas behind the router, streamed load",
+        "what": (
+            "rolling.yml flag change on two single-node lab replicas behind the router, streamed load: a rollout "
+            "stopped at replica a (failing verify), then a and b each with --limit"
+        ),
         "rollout_s": round(rollout_s, 1),
+        "steps_s": {step: round(seconds, 1) for step, seconds in took.items()},
         "requests": len(latencies) + len(failures),
         "failed": len(failures),
         "concurrency": LOAD_CONCURRENCY,
@@ -290,5 +353,3 @@ def test_a_rolling_flag_change_restarts_each_replica_in_turn_and_fails_no_reques
     assert failures == [], failures[:10]
     assert len(latencies) > 10, "the load did not flow during the rollout"
     assert len(latencies) + len(failures) < LOAD_MAX_REQUESTS, "the load ran out before the rollout ended"
-    for replica in ("a", "b"):
-        assert router_state(lab, replica)["status"].startswith("UP")
