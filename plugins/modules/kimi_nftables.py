@@ -145,20 +145,25 @@ except ImportError:  # installed as the kimi.k2 collection
     )
 
 
+def list_table(module: AnsibleModule, nft: str, option: str, family: str, name: str) -> str | None:
+    """`nft <option> list table`'s output; None when the table is not loaded."""
+    rc, out, err = module.run_command([nft, option, "list", "table", family, name])
+    if rc == 0:
+        return out
+    if not table_absent(err):
+        module.fail_json(msg=f"nft {option} list table {family} {name} failed (exit {rc}): {err.strip()}")
+    return None
+
+
 def read_table(module: AnsibleModule, nft: str, family: str, name: str) -> list[dict[str, str]] | None:
-    """The live table, normalised; None when it is not loaded."""
-    rc, out, err = module.run_command([nft, "-j", "list", "table", family, name])
-    if rc != 0:
-        if table_absent(err):
-            return None
-        module.fail_json(msg=f"nft -j list table {family} {name} failed (exit {rc}): {err.strip()}")
-    rc, listing, err = module.run_command([nft, "-a", "list", "table", family, name])
-    if rc != 0:
-        if table_absent(err):
-            return None
-        module.fail_json(msg=f"nft -a list table {family} {name} failed (exit {rc}): {err.strip()}")
+    """The live table, normalised; None when it is not loaded. The JSON form carries the structure, the text form
+    (-a) nft's own wording of each rule, which is what a finding names."""
+    document = list_table(module, nft, "-j", family, name)
+    listing = list_table(module, nft, "-a", family, name) if document is not None else None
+    if document is None or listing is None:
+        return None
     try:
-        return normalise(json.loads(out), listing)
+        return normalise(json.loads(document), listing)
     except ValueError as error:
         module.fail_json(msg=f"nft -j list table {family} {name} printed no JSON: {error}")
     return None  # not reached
