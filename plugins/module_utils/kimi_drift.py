@@ -1,5 +1,5 @@
 """Drift of a converged cluster: everything that no longer equals what site.yml would make of it, as findings
-per host, one report (JSON and Markdown), a short table and one verdict.
+per host, grouped by serving replica, one report (JSON and Markdown), a short table and one verdict.
 
 The inputs are plain data gathered by playbooks/drift.yml: the JSON lines the kimi_drift_changes callback
 wrote during a check-mode converge, kimi_parity's result, each node's checkpoint marker, the state of its
@@ -17,6 +17,7 @@ import difflib
 import json
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from .kimi_checkpoint import (
     pin_matches,
     read_marker,
 )
+from .kimi_replicas import DEFAULT_REPLICA
 from .kimi_serve import API_UNIT, HEADLESS_UNIT
 from .kimi_systemd import parse_systemctl_show
 
@@ -79,6 +81,8 @@ TABLE_COLUMNS = (
     ("health", ("health",)),
     ("verdict", None),
 )
+# The table's column naming each host's replica, after `host`; only when the report has several groups.
+REPLICA_COLUMN = ("replica", None)
 
 
 @dataclass
@@ -668,10 +672,54 @@ def _dedupe_holds(findings: list[Finding]) -> list[Finding]:
     ]
 
 
+def hosts_replica(replicas: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """{host: replica name} from {replica name: hosts} (`groups | kimi.k2.replicas`); a host the inventory
+    names in two replicas keeps the first, as kimi_replicas.replica_of does."""
+    found: dict[str, str] = {}
+    for name, members in replicas.items():
+        for host in members:
+            found.setdefault(host, name)
+    return found
+
+
+def replica_groups(host_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per replica: its hosts (report order), whether it drifted, on which hosts, its finding count by kind.
+
+    Replicas come sorted by name (as kimi_replicas lists them); hosts in no replica last, as one group whose
+    name is None (a host drift covers that serves in no replica: the inventory's replica groups are wrong).
+    """
+    names = sorted({row["replica"] for row in host_rows if row["replica"] is not None})
+    if any(row["replica"] is None for row in host_rows):
+        names.append(None)
+    groups = []
+    for name in names:
+        rows = [row for row in host_rows if row["replica"] == name]
+        by_kind: Counter[str] = Counter()
+        for row in rows:
+            by_kind.update(row["counts"])
+        groups.append(
+            {
+                "name": name,
+                "hosts": [row["host"] for row in rows],
+                "drifted": any(row["drifted"] for row in rows),
+                "hosts_drifted": [row["host"] for row in rows if row["drifted"]],
+                "findings": sum(by_kind.values()),
+                "by_kind": dict(by_kind),
+            }
+        )
+    return groups
+
+
+def node_layout(node: dict[str, Any] | None, layout: str) -> str:
+    """The serve layout of the node's own replica (each replica may set its own), else the run's."""
+    return str((node or {}).get("layout") or layout)
+
+
 def build_report(
     *,
     hosts: list[str],
     ranks: dict[str, int] | None = None,
+    replica_of: Mapping[str, str] | None = None,
     layout: str = "mp",
     records: list[dict[str, Any]] | None = None,
     bad_lines: int = 0,
@@ -686,8 +734,11 @@ def build_report(
     generated_at: str = "",
     context: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole drift report: per-host findings and states, cluster findings, notes, the verdict.
+    """The whole drift report: per-host findings and states, per replica its hosts and verdict, cluster
+    findings, notes, the verdict.
 
+    replica_of: host -> the replica it serves in; a host it does not name is in no replica. None: every host
+    is the one replica `default` (an inventory without kimi_replica_<name> groups).
     nodes[host]: unreachable (bool), msg, stack_error (kimi_stack_facts failed), marker (slurp result),
     checkpoint_files (kimi_checkpoint_info: stats and sample), units (systemctl show result),
     health (uri result, rank 0 only). checks: which checks ran (converge, checkpoint,
@@ -745,7 +796,7 @@ def build_report(
             if sampled and state in ("ok", "changed"):
                 notes.append(f"{host}: checkpoint sample hashed, as the marker records: {', '.join(sampled)}")
         if checks["service"]:
-            state, found = service_state(host, ranks.get(host), layout, node.get("units"))
+            state, found = service_state(host, ranks.get(host), node_layout(node, layout), node.get("units"))
             states[host]["service"] = state
             findings += found
         if checks["health"]:
@@ -773,8 +824,9 @@ def build_report(
         host_rows.append(
             {
                 "host": host,
+                "replica": DEFAULT_REPLICA if replica_of is None else (replica_of.get(host) or None),
                 "rank": ranks.get(host),
-                "unit": expected_unit(ranks.get(host), layout),
+                "unit": expected_unit(ranks.get(host), node_layout(nodes.get(host), layout)),
                 "drifted": bool(mine),
                 "states": states[host],
                 "counts": dict(Counter(f.kind for f in mine)),
@@ -783,6 +835,7 @@ def build_report(
         )
     others = [f for f in kept if f.host not in host_order]
     drifted = bool(kept)
+    replicas = replica_groups(host_rows)
     return {
         "schema": REPORT_SCHEMA,
         "generated_at": generated_at,
@@ -790,6 +843,8 @@ def build_report(
         "summary": {
             "hosts": len(hosts),
             "hosts_drifted": [row["host"] for row in host_rows if row["drifted"]],
+            "replicas": len([group for group in replicas if group["name"] is not None]),
+            "replicas_drifted": [group["name"] for group in replicas if group["drifted"] and group["name"] is not None],
             "findings": len(kept),
             "by_kind": dict(Counter(f.kind for f in kept)),
             "ignored": len(ignored),
@@ -802,6 +857,7 @@ def build_report(
             "summary": (parity or {}).get("summary"),
         },
         "hosts": host_rows,
+        "replicas": replicas,
         "cluster_findings": [asdict(f) for f in others],
         "notes": notes,
         "ignored": [asdict(f) for f in ignored],
@@ -817,9 +873,27 @@ def exit_code(report: dict[str, Any]) -> int:
 # ------------------------------------------------------------------------------------------- rendering
 
 
+def grouped(report: dict[str, Any]) -> bool:
+    """Whether the report shows its hosts per replica: only with several groups, so that a one-replica
+    inventory's table and Markdown stay as they were before replicas."""
+    return len(report.get("replicas") or []) > 1
+
+
+def replica_label(name: str | None) -> str:
+    return "no replica" if name is None else name
+
+
+def _columns(report: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    if not grouped(report):
+        return TABLE_COLUMNS
+    return (TABLE_COLUMNS[0], REPLICA_COLUMN, *TABLE_COLUMNS[1:])
+
+
 def _cell(row: dict[str, Any], column: str, kinds: tuple[str, ...] | None) -> str:
     if column == "host":
         return row["host"]
+    if column == "replica":
+        return replica_label(row.get("replica"))
     if column == "rank":
         return "-" if row["rank"] is None else str(row["rank"])
     if column == "verdict":
@@ -832,11 +906,13 @@ def _cell(row: dict[str, Any], column: str, kinds: tuple[str, ...] | None) -> st
 
 
 def render_table(report: dict[str, Any]) -> str:
-    """The short table the play prints: a row per host, a column per check, `!` where it drifted."""
-    header = [name for name, _ in TABLE_COLUMNS]
+    """The short table the play prints: a row per host, a column per check, `!` where it drifted (and a
+    column naming each host's replica when there are several)."""
+    columns = _columns(report)
+    header = [name for name, _ in columns]
     lines = [header]
     for row in report["hosts"]:
-        lines.append([_cell(row, name, kinds) for name, kinds in TABLE_COLUMNS])
+        lines.append([_cell(row, name, kinds) for name, kinds in columns])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines]
     text.insert(1, "  ".join("-" * width for width in widths))
@@ -846,10 +922,14 @@ def render_table(report: dict[str, Any]) -> str:
         verdict = f"DRIFT: {summary['findings']} finding(s)"
         if summary["hosts_drifted"]:
             verdict += f" on {', '.join(summary['hosts_drifted'])}"
+        if grouped(report) and summary.get("replicas_drifted"):
+            verdict += f" (replica {', '.join(summary['replicas_drifted'])})"
         if cluster:
             verdict += f"; {len(cluster)} about the cluster or the converge run"
     else:
         verdict = f"no drift on {summary['hosts']} host(s)"
+        if grouped(report):
+            verdict += f" in {summary['replicas']} replica(s)"
     if summary.get("ignored"):
         verdict += f" ({summary['ignored']} ignored by drift_ignore)"
     return "\n".join([verdict, "", *text])
@@ -876,8 +956,35 @@ def _finding_markdown(finding: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _host_markdown(row: dict[str, Any], level: str) -> list[str]:
+    """A host's findings under its own heading; nothing for a host without any."""
+    if not row["findings"]:
+        return []
+    rank = "" if row["rank"] is None else f" (node rank {row['rank']})"
+    lines = [f"{level} {row['host']}{rank}", ""]
+    for finding in row["findings"]:
+        lines += _finding_markdown(finding)
+    lines.append("")
+    return lines
+
+
+def _replica_markdown(group: dict[str, Any], host_rows: list[dict[str, Any]]) -> list[str]:
+    """A replica's heading with its verdict, hosts and counts, then its hosts' findings one level below."""
+    verdict = "DRIFT" if group["drifted"] else "no drift"
+    heading = "In no replica" if group["name"] is None else f"Replica {group['name']}"
+    facts = f"hosts {', '.join(group['hosts'])}"
+    if group["drifted"]:
+        facts += f"; {group['findings']} finding(s) on {', '.join(group['hosts_drifted'])}"
+    lines = [f"## {heading}: {verdict}", "", facts, ""]
+    for row in host_rows:
+        if row["host"] in group["hosts"]:
+            lines += _host_markdown(row, "###")
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
-    """The report for people: the verdict, the table, then every finding per host with its diff and fix."""
+    """The report for people: the verdict, the table, then every finding per host with its diff and fix
+    (under a heading per replica, with its verdict, when there are several)."""
     context = report.get("context") or {}
     title = "drift: DRIFT" if report["drifted"] else "drift: no drift"
     lines = [f"# Kimi K2 cluster {title}", ""]
@@ -893,14 +1000,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         for finding in report["cluster_findings"]:
             lines += _finding_markdown(finding)
         lines.append("")
-    for row in report["hosts"]:
-        if not row["findings"]:
-            continue
-        rank = "" if row["rank"] is None else f" (node rank {row['rank']})"
-        lines += [f"## {row['host']}{rank}", ""]
-        for finding in row["findings"]:
-            lines += _finding_markdown(finding)
-        lines.append("")
+    if grouped(report):
+        for group in report["replicas"]:
+            lines += _replica_markdown(group, report["hosts"])
+    else:
+        for row in report["hosts"]:
+            lines += _host_markdown(row, "##")
     if report["notes"]:
         lines += ["## Notes (not drift)", ""]
         lines += [f"- {note}" for note in report["notes"]]

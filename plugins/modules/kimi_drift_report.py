@@ -12,7 +12,7 @@ description:
   - Reads the JSON lines the kimi_drift_changes callback wrote during the check-mode converge (every change it
     would make, with its diff), and turns them, kimi_parity's result, each node's checkpoint marker, the
     stat of the files it records (and the sample hashed), the state of its vLLM units and rank 0's /health
-    answer into findings per host.
+    answer into findings per host, and sums them up per serving replica.
   - Writes C(drift-<stamp>.json) and C(drift-<stamp>.md) into I(report_dir), copies them to
     C(drift-latest.json) and C(drift-latest.md), and keeps the newest I(keep) timestamped reports (with
     their C(.converge.jsonl) records).
@@ -29,6 +29,14 @@ options:
     description: Host to node rank (decides which vLLM unit a node must run).
     type: dict
     default: {}
+  replicas:
+    description:
+      - The serving replicas, replica name to its hosts, as C(groups | kimi.k2.replicas) gives them. The report
+        says per replica which hosts drifted and how many findings it has; the Markdown groups the hosts'
+        findings under a heading per replica and the table names each host's replica, when there are several.
+      - A host of I(hosts) in none of them is reported as in no replica. Not given - every host is the one
+        replica C(default).
+    type: dict
   layout:
     description: The serve layout (mp, ray, dp_ep, single); with C(ray) the other ranks run no vLLM unit.
     type: str
@@ -105,6 +113,7 @@ EXAMPLES = r"""
   kimi_drift_report:
     hosts: "{{ groups.kimi_nodes }}"
     ranks: {node1: 0, node2: 1}
+    replicas: "{{ groups | kimi.k2.replicas }}"
     changes_file: "{{ kimi_report_dir }}/drift-20260101T000000Z.converge.jsonl"
     run_id: 20260101T000000Z-1234
     converge: {rc: 0, stdout_tail: [], stderr_tail: []}
@@ -122,9 +131,17 @@ drifted:
   returned: always
   type: bool
 summary:
-  description: hosts, hosts_drifted, findings, by_kind, ignored.
+  description: hosts, hosts_drifted, replicas (how many), replicas_drifted (their names), findings, by_kind, ignored.
   returned: always
   type: dict
+replicas:
+  description: >-
+    Per replica, sorted by name - name, hosts, drifted, hosts_drifted, findings (its hosts' finding count) and
+    by_kind; hosts in no replica last, as an entry whose name is null.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "a", "hosts": ["node1"], "drifted": false, "hosts_drifted": [], "findings": 0, "by_kind": {}}]
 messages:
   description: >-
     One line per finding, C(<host>: <kind>: <title>) (C(cluster) for the converge run itself).
@@ -148,11 +165,19 @@ from pathlib import Path
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_drift import build_report, parse_changes, render_markdown, render_table, report_json
+    from ansible.module_utils.kimi_drift import (
+        build_report,
+        hosts_replica,
+        parse_changes,
+        render_markdown,
+        render_table,
+        report_json,
+    )
     from ansible.module_utils.kimi_report import write_report_files
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
         build_report,
+        hosts_replica,
         parse_changes,
         render_markdown,
         render_table,
@@ -184,6 +209,7 @@ def main() -> None:
         argument_spec={
             "hosts": {"type": "list", "elements": "str", "required": True},
             "ranks": {"type": "dict", "default": {}},
+            "replicas": {"type": "dict"},
             "layout": {"type": "str", "default": "mp"},
             "changes_file": {"type": "path"},
             "run_id": {"type": "str", "default": ""},
@@ -218,10 +244,14 @@ def main() -> None:
         ranks = {host: int(rank) for host, rank in params["ranks"].items()}
     except (TypeError, ValueError) as error:
         module.fail_json(msg=f"ranks must map hosts to integers: {error}")
+    replicas = params["replicas"]
+    if replicas is not None and not all(isinstance(members, list) for members in replicas.values()):
+        module.fail_json(msg="replicas must map each replica name to its list of hosts (groups | kimi.k2.replicas)")
     stamp = params["stamp"]
     report = build_report(
         hosts=params["hosts"],
         ranks=ranks,
+        replica_of=None if replicas is None else hosts_replica(replicas),
         layout=params["layout"],
         records=records,
         bad_lines=bad_lines,
@@ -258,6 +288,7 @@ def main() -> None:
         changed=False,
         drifted=report["drifted"],
         summary=report["summary"],
+        replicas=report["replicas"],
         messages=report["messages"],
         table=table,
         report_paths=result_paths,

@@ -24,6 +24,7 @@ from module_utils.kimi_drift import (
     converge_findings,
     exit_code,
     health_state,
+    hosts_replica,
     parity_findings,
     parse_changes,
     parse_systemctl_show,
@@ -690,6 +691,137 @@ def test_the_json_report_is_plain_json():
     assert json.loads(report_json(report))["schema"] == 1
 
 
+# ------------------------------------------------------------------------------------------- replicas
+
+
+def two_replica_report() -> dict:
+    """Replica a (node1) clean; replica b (node2 rank 0, node3 rank 1) with two findings, both on node3."""
+    nodes = clean_nodes()
+    nodes["node3"] = {
+        "marker": {"msg": "file not found: /data/m/.kimi-checkpoint.json"},
+        "units": {
+            "rc": 0,
+            "stdout": "Id=kimi-vllm-headless.service\nLoadState=loaded\nActiveState=failed\nSubState=failed\n",
+        },
+        "health": {"skipped": True},
+    }
+    nodes["node2"] = {**clean_nodes()["node1"]}
+    nodes["node1"] = {**clean_nodes()["node1"]}
+    return report_for(
+        hosts=["node1", "node2", "node3"],
+        ranks={"node1": 0, "node2": 0, "node3": 1},
+        replica_of=hosts_replica({"a": ["node1"], "b": ["node2", "node3"]}),
+        records=[clean_records()[0], {"kind": "stats", "hosts": {}}],
+        nodes=nodes,
+    )
+
+
+def test_hosts_replica_inverts_the_replicas_filter_and_keeps_a_twice_named_host_in_its_first():
+    assert hosts_replica({"a": ["node1", "node2"], "b": ["node2", "node3"]}) == {
+        "node1": "a",
+        "node2": "a",
+        "node3": "b",
+    }
+    assert hosts_replica({}) == {}
+
+
+def test_two_replicas_one_drifted_name_the_replica_its_hosts_and_counts():
+    report = two_replica_report()
+    assert report["drifted"] is True
+    assert report["replicas"] == [
+        {"name": "a", "hosts": ["node1"], "drifted": False, "hosts_drifted": [], "findings": 0, "by_kind": {}},
+        {
+            "name": "b",
+            "hosts": ["node2", "node3"],
+            "drifted": True,
+            "hosts_drifted": ["node3"],
+            "findings": 2,
+            "by_kind": {"checkpoint": 1, "service": 1},
+        },
+    ]
+    assert report["summary"]["replicas"] == 2
+    assert report["summary"]["replicas_drifted"] == ["b"]
+    assert [row["replica"] for row in report["hosts"]] == ["a", "b", "b"]
+    # The messages keep their "<host>: <kind>: ..." lines: no replica line is added (the lab asserts on them).
+    assert report["messages"] == [
+        "node3: checkpoint: no checkpoint marker at /data/m/.kimi-checkpoint.json",
+        "node3: service: kimi-vllm-headless.service is failed (failed)",
+    ]
+    assert json.loads(report_json(report))["replicas"][1]["hosts_drifted"] == ["node3"]
+
+
+def test_two_replicas_get_a_replica_column_and_a_markdown_heading_each():
+    report = two_replica_report()
+    table = render_table(report).splitlines()
+    assert table[0] == "DRIFT: 2 finding(s) on node3 (replica b)"
+    assert table[2].split()[:3] == ["host", "replica", "rank"]
+    assert [line.split()[:3] for line in table[4:]] == [["node1", "a", "0"], ["node2", "b", "0"], ["node3", "b", "1"]]
+    text = render_markdown(report)
+    assert "## Replica a: no drift\n\nhosts node1\n\n## Replica b: DRIFT\n" in text
+    replica_b = text[text.index("## Replica b: DRIFT") :]
+    assert replica_b.startswith(
+        "## Replica b: DRIFT\n\nhosts node2, node3; 2 finding(s) on node3\n\n### node3 (node rank 1)\n\n"
+        "- **checkpoint**: no checkpoint marker at /data/m/.kimi-checkpoint.json\n"
+    )
+    headings = [line for line in text.splitlines() if line.startswith("#")]
+    assert headings == [
+        "# Kimi K2 cluster drift: DRIFT",
+        "## Replica a: no drift",
+        "## Replica b: DRIFT",
+        "### node3 (node rank 1)",
+        "## Notes (not drift)",
+    ]
+
+
+def test_a_clean_two_replica_report_counts_its_replicas():
+    report = report_for(replica_of={"node1": "a", "node2": "b"})
+    assert report["summary"]["replicas_drifted"] == []
+    assert [group["drifted"] for group in report["replicas"]] == [False, False]
+    assert render_table(report).splitlines()[0] == "no drift on 2 host(s) in 2 replica(s)"
+
+
+def test_one_replica_reads_as_before_whatever_its_name():
+    nodes = clean_nodes()
+    nodes["node2"]["marker"] = {"msg": "file not found: /m"}
+    unnamed = report_for(nodes=nodes)
+    named = report_for(nodes=nodes, replica_of={"node1": "a", "node2": "a"})
+    assert unnamed["replicas"] == [
+        {
+            "name": "default",
+            "hosts": ["node1", "node2"],
+            "drifted": True,
+            "hosts_drifted": ["node2"],
+            "findings": 1,
+            "by_kind": {"checkpoint": 1},
+        }
+    ]
+    assert named["replicas"][0]["name"] == "a"
+    for report in (unnamed, named):
+        table = render_table(report).splitlines()
+        assert table[0] == "DRIFT: 1 finding(s) on node2"
+        assert table[2].split()[:2] == ["host", "rank"]
+        text = render_markdown(report)
+        assert "## node2 (node rank 1)\n\n- **checkpoint**: no checkpoint marker" in text
+        assert "Replica" not in text
+    assert render_markdown(named) == render_markdown(unnamed)
+
+
+def test_a_host_in_no_replica_is_listed_as_such():
+    nodes = clean_nodes()
+    nodes["node2"]["health"] = {"status": 503, "url": "u"}
+    report = report_for(nodes=nodes, replica_of={"node1": "a"})
+    assert [(group["name"], group["hosts"], group["findings"]) for group in report["replicas"]] == [
+        ("a", ["node1"], 0),
+        (None, ["node2"], 1),
+    ]
+    assert report["summary"]["replicas"] == 1
+    assert report["summary"]["replicas_drifted"] == []
+    assert render_table(report).splitlines()[5].split()[:3] == ["node2", "no", "replica"]
+    assert "## In no replica: DRIFT\n\nhosts node2; 1 finding(s) on node2\n\n### node2 (node rank 1)" in (
+        render_markdown(report)
+    )
+
+
 # ------------------------------------------------------------------------------------ the callback's helpers
 
 
@@ -784,6 +916,32 @@ def test_module_reports_drift_without_failing_and_writes_in_check_mode(tmp_path)
     assert Path(result["report_paths"]["markdown"]).is_file()
 
 
+def test_module_reports_per_replica_from_the_replicas_filter(tmp_path):
+    nodes = clean_nodes()
+    nodes["node2"]["marker"] = {"msg": "file not found: /m"}
+    replicas = {"a": ["node1"], "b": ["node2"]}
+    ok, result = run_module(tmp_path, "kimi_drift_report", module_args(tmp_path, nodes=nodes, replicas=replicas))
+    assert ok, result
+    assert [(group["name"], group["drifted"], group["findings"]) for group in result["replicas"]] == [
+        ("a", False, 0),
+        ("b", True, 1),
+    ]
+    assert result["messages"] == ["node2: checkpoint: no checkpoint marker at /data/m/.kimi-checkpoint.json"]
+    markdown = Path(result["report_paths"]["markdown"]).read_text()
+    assert "## Replica b: DRIFT\n\nhosts node2; 1 finding(s) on node2\n" in markdown
+    data = json.loads(Path(result["report_paths"]["json"]).read_text())
+    assert data["replicas"][1]["hosts_drifted"] == ["node2"]
+    ok, result = run_module(tmp_path, "kimi_drift_report", module_args(tmp_path, replicas={"a": "node1"}))
+    assert not ok
+    assert "replicas must map each replica name to its list of hosts" in result["msg"]
+
+
+def test_module_without_replicas_reports_one_default_replica(tmp_path):
+    ok, result = run_module(tmp_path, "kimi_drift_report", module_args(tmp_path))
+    assert ok, result
+    assert [(group["name"], group["hosts"]) for group in result["replicas"]] == [("default", ["node1", "node2"])]
+
+
 def test_module_keeps_only_the_newest_reports(tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -825,3 +983,22 @@ def test_a_firewall_rule_removed_by_hand_is_named_in_the_finding():
     finding = change_finding(record)
     assert finding.line().startswith("node2: converge: firewall: rule missing: tcp dport @group_ports reject")
     assert "firewall : Keep table inet kimi loaded" in finding.title
+
+
+def test_each_replica_is_judged_by_its_own_layout():
+    # Replica a runs mp (node2 must run the headless unit), replica b runs ray (node4, a Ray worker, runs no vLLM
+    # unit): one run-wide layout would call b's worker a missing headless rank, or miss a's.
+    nodes = clean_nodes()
+    no_unit = {"rc": 0, "stdout": "Id=kimi-vllm-headless.service\nLoadState=not-found\nActiveState=inactive\n"}
+    nodes["node3"] = {**clean_nodes()["node1"], "layout": "ray"}
+    nodes["node4"] = {**clean_nodes()["node2"], "units": no_unit, "layout": "ray"}
+    nodes["node2"] = {**clean_nodes()["node2"], "units": no_unit, "layout": "mp"}
+    report = report_for(
+        hosts=["node1", "node2", "node3", "node4"],
+        ranks={"node1": 0, "node2": 1, "node3": 0, "node4": 1},
+        replica_of=hosts_replica({"a": ["node1", "node2"], "b": ["node3", "node4"]}),
+        nodes=nodes,
+    )
+    assert [m.split(":")[0] for m in report["messages"]] == ["node2"], report["messages"]
+    units = {row["host"]: row["unit"] for row in report["hosts"]}
+    assert units["node2"] == "kimi-vllm-headless.service" and units["node4"] is None
