@@ -21,6 +21,7 @@ SITE = REPO_ROOT / "site.yml"
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 # The watchdogs' bound for a group to form again (tests/lab/test_site_then_heal.py's HEAL_BOUND_S).
 HEAL_AFTER_CUT_BOUND_S = 300
+NCCL_PIN = "2.30.7-1+cuda13.3"
 
 
 def run_site(**kwargs):
@@ -49,6 +50,13 @@ def test_site_converges_and_a_second_run_changes_nothing(serving):
     assert second.rc == 0, second.failure_messages()
     assert second.changed == 0, second.stats.get("changed")
     assert second.count("failures") == 0
+    # The stack phase pinned and held the system NCCL and CUDA on every node (the parity phase of both runs
+    # passed: it is part of site.yml).
+    for node in ("node1", "node2"):
+        versions = serving.ssh(node, "dpkg-query -W -f='${Package}=${Version}\\n' libnccl2 libnccl-dev").stdout
+        assert sorted(versions.split()) == [f"libnccl-dev={NCCL_PIN}", f"libnccl2={NCCL_PIN}"], versions
+        holds = serving.ssh(node, "apt-mark showhold").stdout.split()
+        assert {"libnccl2", "libnccl-dev", "cuda-toolkit-13-3"} <= set(holds), holds
 
 
 def test_the_firewall_closes_the_group_ports_to_all_but_the_replica_and_leaves_the_api_open(serving):

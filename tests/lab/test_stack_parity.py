@@ -1,4 +1,4 @@
-"""The stack and parity phases on the shared, serving two-node lab: idempotence, skew caught and repaired.
+"""The stack and parity phases on the shared, serving two-node lab: skew caught and repaired, a pin bumped and held.
 
 Skew is injected the way it happens in the field: a deb or a wheel changed by hand on one node. Parity must
 name the node, the item and both versions; re-running site.yml must bring the node back, and parity passes.
@@ -49,20 +49,12 @@ def parity_failure(result, *fragments: str) -> str:
     raise AssertionError(f"no parity failure names {fragments}: {result.failure_messages()}")
 
 
-def test_stack_converges_idempotently_and_parity_passes(serving):
-    second = converge()
-    assert second.changed == 0, second.stats.get("changed")
-    for node in ("node1", "node2"):
-        versions = on_node(serving, node, "dpkg-query -W -f='${Package}=${Version}\\n' libnccl2 libnccl-dev")
-        assert sorted(versions.splitlines()) == [f"libnccl-dev={NCCL_PIN}", f"libnccl2={NCCL_PIN}"]
-        holds = on_node(serving, node, "apt-mark showhold").split()
-        assert {"libnccl2", "libnccl-dev", "cuda-toolkit-13-3"} <= set(holds)
-    assert parity().rc == 0
-
-
-def test_a_different_libnccl2_and_a_different_nccl_wheel_are_each_named_with_their_node_then_repaired(serving):
-    # Two drifts at once, one per node (one parity run and one converge for both keeps the lab layer in CI's time):
-    # the system libnccl2 downgraded on node2, the venv's NCCL wheel swapped on node1.
+def test_a_different_libnccl2_and_nccl_wheel_are_named_with_their_node_then_a_bumped_pin_repairs_and_holds(
+    serving,
+):
+    # Two drifts at once, one per node (one parity run and one converge for both keeps the lab layer in CI's
+    # time): the system libnccl2 downgraded on node2, the venv's NCCL wheel swapped on node1. The stack's own
+    # idempotence and holds are test_site_on_lab.py's.
     on_node(
         serving,
         "node2",
@@ -79,7 +71,16 @@ def test_a_different_libnccl2_and_a_different_nccl_wheel_are_each_named_with_the
     failed = parity()
     parity_failure(failed, "node2", "libnccl2", "2.30.5-1+cuda13.3", NCCL_PIN)
     parity_failure(failed, "node1", "nvidia-nccl-cu13", "2.30.4", "2.28.9")
-    converge()
+    # The same converge that repairs both also bumps the pin: every node upgraded, held, and parity passes.
+    bumped = "2.30.8-1+cuda13.3"
+    try:
+        converge(kimi_libnccl2_version=bumped)
+        for node in ("node1", "node2"):
+            state = on_node(serving, node, "dpkg-query -W -f='${Version} ${Status}' libnccl2")
+            assert state == f"{bumped} hold ok installed"
+        assert parity(kimi_libnccl2_version=bumped).rc == 0
+    finally:
+        converge()
     assert parity().rc == 0
 
 
@@ -98,15 +99,3 @@ def test_an_interface_missing_on_one_node_is_reported_for_that_node(serving, tmp
     finally:
         converge(limit="node2")
     assert parity().rc == 0
-
-
-def test_a_bumped_pin_upgrades_every_node_and_stays_held(serving):
-    bumped = "2.30.8-1+cuda13.3"
-    try:
-        converge(kimi_libnccl2_version=bumped)
-        for node in ("node1", "node2"):
-            state = on_node(serving, node, "dpkg-query -W -f='${Version} ${Status}' libnccl2")
-            assert state == f"{bumped} hold ok installed"
-        assert parity(kimi_libnccl2_version=bumped).rc == 0
-    finally:
-        converge()
