@@ -10,9 +10,10 @@ PY := $(BIN)/python
 LAB := lab/lab
 NODES ?= 2
 # Host packages the lab and the toolchain need (Debian/Ubuntu names); haproxy, nftables and openssl for the
-# router and firewall tests (tests/local: real haproxy on loopback, nft in throwaway network namespaces).
+# router and firewall tests (tests/local: real haproxy on loopback, nft in throwaway network namespaces); apt-utils
+# (apt-ftparchive) and gnupg for the air-gapped bundle's signed apt repository (tests/local/test_bundle_apt.py).
 HOST_PACKAGES := debootstrap systemd-container dpkg-dev zstd iptables iproute2 openssh-client git curl gcc \
-	python3 python3-venv ca-certificates haproxy nftables openssl
+	python3 python3-venv ca-certificates haproxy nftables openssl apt-utils gnupg
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 # Ansible's and Molecule's state stays in the clone (.ansible/), never in ~/.ansible.
 export ANSIBLE_HOME := $(CURDIR)/.ansible
