@@ -239,13 +239,14 @@ def test_a_paused_watchdog_does_not_heal_and_a_stopped_group_stays_stopped(servi
         rank0 = invocation(serving, "node1")
         pid = serving.ssh("node2", f"systemctl show -p MainPID --value {UNITS['node2']}").stdout.strip()
         assert serving.ssh("node2", f"kill -9 {pid}").returncode == 0
-        time.sleep(45)
+        # Three of the lab's watchdog checks (every 10 s): the verdict says why it left the group alone.
+        time.sleep(30)
         assert invocation(serving, "node1") == rank0, "the paused watchdog restarted rank 0"
         assert " paused" in last_verdict(serving, "node1")
         # An operator stops the group on every node and ends maintenance: it stays stopped.
         for node, unit in UNITS.items():
             assert serving.ssh(node, f"systemctl stop {unit} && rm -f {maintenance}").returncode == 0
-        time.sleep(30)
+        time.sleep(20)  # two checks, maintenance over
         for node, unit in UNITS.items():
             state = serving.ssh(node, f"systemctl is-active {unit} || true").stdout.strip()
             assert state == "inactive", f"{node}: {unit} is {state} after an operator stopped it"
