@@ -411,7 +411,7 @@ def test_recording_again_replaces_the_earlier_recording_and_promote_copies_it(tm
 def test_make_gpu_facts_runs_the_script_with_a_bare_python3(tmp_path):
     """`make -n` only prints the recipe: the target needs no venv, and GPU_FACTS_OUT picks the directory."""
     result = subprocess.run(
-        ["make", "-n", "gpu-facts", f"GPU_FACTS_OUT={tmp_path}/rec"],
+        ["make", "--no-print-directory", "-n", "gpu-facts", f"GPU_FACTS_OUT={tmp_path}/rec"],
         cwd=paths.REPO_ROOT,
         capture_output=True,
         text=True,
