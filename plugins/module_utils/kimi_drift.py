@@ -17,7 +17,7 @@ import difflib
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -670,16 +670,6 @@ def _dedupe_holds(findings: list[Finding]) -> list[Finding]:
         for f in findings
         if not (f.kind == "converge" and f.category == "hold" and (f.host, f.source.get("item")) in held)
     ]
-
-
-def hosts_replica(replicas: Mapping[str, Sequence[str]]) -> dict[str, str]:
-    """{host: replica name} from {replica name: hosts} (`groups | kimi.k2.replicas`); a host the inventory
-    names in two replicas keeps the first, as kimi_replicas.replica_of does."""
-    found: dict[str, str] = {}
-    for name, members in replicas.items():
-        for host in members:
-            found.setdefault(host, name)
-    return found
 
 
 def replica_groups(host_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

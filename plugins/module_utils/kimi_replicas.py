@@ -40,12 +40,19 @@ def replicas(groups: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     return {replica_name(group): hosts for group, hosts in found.items()}
 
 
+def replica_by_host(found: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """{host: replica name} from {replica name: hosts} (what `replicas` returns); a host the inventory names in
+    two replicas keeps the first."""
+    owner: dict[str, str] = {}
+    for name, hosts in found.items():
+        for host in hosts:
+            owner.setdefault(host, name)
+    return owner
+
+
 def replica_of(groups: Mapping[str, Sequence[str]], host: str) -> str | None:
     """The replica ``host`` serves in (the first, when the inventory is wrong and names it twice)."""
-    for name, hosts in replicas(groups).items():
-        if host in hosts:
-            return name
-    return None
+    return replica_by_host(replicas(groups)).get(host)
 
 
 def problems(groups: Mapping[str, Sequence[str]]) -> list[str]:

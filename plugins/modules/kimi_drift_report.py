@@ -167,22 +167,22 @@ from ansible.module_utils.basic import AnsibleModule
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_drift import (
         build_report,
-        hosts_replica,
         parse_changes,
         render_markdown,
         render_table,
         report_json,
     )
+    from ansible.module_utils.kimi_replicas import replica_by_host
     from ansible.module_utils.kimi_report import write_report_files
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
         build_report,
-        hosts_replica,
         parse_changes,
         render_markdown,
         render_table,
         report_json,
     )
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
 
 STAMP = re.compile(r"^\d{8}T\d{6}Z$")
@@ -251,7 +251,7 @@ def main() -> None:
     report = build_report(
         hosts=params["hosts"],
         ranks=ranks,
-        replica_of=None if replicas is None else hosts_replica(replicas),
+        replica_of=None if replicas is None else replica_by_host(replicas),
         layout=params["layout"],
         records=records,
         bad_lines=bad_lines,

@@ -24,7 +24,6 @@ from module_utils.kimi_drift import (
     converge_findings,
     exit_code,
     health_state,
-    hosts_replica,
     parity_findings,
     parse_changes,
     parse_systemctl_show,
@@ -35,6 +34,7 @@ from module_utils.kimi_drift import (
     service_state,
 )
 from module_utils.kimi_parity import Pins, compare
+from module_utils.kimi_replicas import replica_by_host
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
 
@@ -710,19 +710,19 @@ def two_replica_report() -> dict:
     return report_for(
         hosts=["node1", "node2", "node3"],
         ranks={"node1": 0, "node2": 0, "node3": 1},
-        replica_of=hosts_replica({"a": ["node1"], "b": ["node2", "node3"]}),
+        replica_of=replica_by_host({"a": ["node1"], "b": ["node2", "node3"]}),
         records=[clean_records()[0], {"kind": "stats", "hosts": {}}],
         nodes=nodes,
     )
 
 
-def test_hosts_replica_inverts_the_replicas_filter_and_keeps_a_twice_named_host_in_its_first():
-    assert hosts_replica({"a": ["node1", "node2"], "b": ["node2", "node3"]}) == {
+def test_replica_by_host_inverts_the_replicas_filter_and_keeps_a_twice_named_host_in_its_first():
+    assert replica_by_host({"a": ["node1", "node2"], "b": ["node2", "node3"]}) == {
         "node1": "a",
         "node2": "a",
         "node3": "b",
     }
-    assert hosts_replica({}) == {}
+    assert replica_by_host({}) == {}
 
 
 def test_two_replicas_one_drifted_name_the_replica_its_hosts_and_counts():
@@ -996,7 +996,7 @@ def test_each_replica_is_judged_by_its_own_layout():
     report = report_for(
         hosts=["node1", "node2", "node3", "node4"],
         ranks={"node1": 0, "node2": 1, "node3": 0, "node4": 1},
-        replica_of=hosts_replica({"a": ["node1", "node2"], "b": ["node3", "node4"]}),
+        replica_of=replica_by_host({"a": ["node1", "node2"], "b": ["node3", "node4"]}),
         nodes=nodes,
     )
     assert [m.split(":")[0] for m in report["messages"]] == ["node2"], report["messages"]
