@@ -65,6 +65,7 @@ from .kimi_bundle import (
     plan_fetches,
 )
 from .kimi_inputs import DEBIAN_VERSION
+from .kimi_report import write_atomic
 
 # The bundle's apt repository: a flat repository (suite "./") in this directory of the bundle.
 APT_DIR = "apt"
@@ -741,9 +742,9 @@ def write_indexes(root: AptRoot, apt_dir: Path) -> None:
     what = "apt-ftparchive packages"
     result = require_success(run_tool([APT_FTPARCHIVE, "packages", "."], what, apt_environment(root), apt_dir), what)
     packages = result.stdout.encode()
-    (Path(apt_dir) / PACKAGES_NAME).write_bytes(packages)
+    write_atomic(Path(apt_dir) / PACKAGES_NAME, packages)
     # mtime 0: the same index gives the same bytes, so an unchanged bundle stays unchanged.
-    (Path(apt_dir) / PACKAGES_GZ_NAME).write_bytes(gzip.compress(packages, compresslevel=9, mtime=0))
+    write_atomic(Path(apt_dir) / PACKAGES_GZ_NAME, gzip.compress(packages, compresslevel=9, mtime=0))
 
 
 @dataclass(frozen=True)
@@ -783,7 +784,7 @@ def write_release(root: AptRoot, apt_dir: Path, fields: ReleaseFields) -> None:
     what = "apt-ftparchive release"
     command = [APT_FTPARCHIVE, *release_options(fields), "release", "."]
     result = require_success(run_tool(command, what, apt_environment(root), apt_dir), what)
-    (Path(apt_dir) / RELEASE_NAME).write_text(result.stdout)
+    write_atomic(Path(apt_dir) / RELEASE_NAME, result.stdout)
 
 
 @dataclass(frozen=True)

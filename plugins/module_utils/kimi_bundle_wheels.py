@@ -93,6 +93,7 @@ from .kimi_pinset import (
     pip_environment,
     pip_preflight,
 )
+from .kimi_report import write_atomic
 
 # The bundle's wheelhouse: a flat directory, what the roles' --find-links names.
 WHEELS_DIR = "wheels"
@@ -782,27 +783,18 @@ def index_page_text(anchors: Iterable[str]) -> str:
     return page + "".join(f"{anchor}<br>\n" for anchor in anchors) + "</body></html>\n"
 
 
-def write_whole(path: Path, data: bytes) -> None:
-    """Write beside, then rename: a reader (pip on a node, the mirror host) never sees half a file. An
-    unchanged file is left alone, so an unchanged bundle stays byte- and time-identical."""
-    if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
-        return
-    partial = path.with_name(f".{path.name}.part")
-    partial.write_bytes(data)
-    partial.replace(path)
-
-
 def write_indexes(wheels_dir: Path, wheels: Sequence[ResolvedWheel], request: WheelRequest) -> None:
-    """requirements.lock, SHA256SUMS, each wheel's .metadata, then index.html last (it names the others)."""
+    """requirements.lock, SHA256SUMS, each wheel's .metadata, then index.html last (it names the others); each
+    written beside and renamed (a reader never sees half a file), an unchanged one left alone."""
     wheels_dir = Path(wheels_dir)
-    write_whole(wheels_dir / LOCK_NAME, lock_text(wheels, request).encode())
-    write_whole(wheels_dir / SUMS_NAME, sums_text(wheels).encode())
+    write_atomic(wheels_dir / LOCK_NAME, lock_text(wheels, request).encode())
+    write_atomic(wheels_dir / SUMS_NAME, sums_text(wheels).encode())
     anchors = []
     for wheel in sorted(wheels, key=lambda w: w.filename):
         metadata = wheel_metadata(wheels_dir / wheel.filename)
-        write_whole(wheels_dir / f"{wheel.filename}{METADATA_SUFFIX}", metadata)
+        write_atomic(wheels_dir / f"{wheel.filename}{METADATA_SUFFIX}", metadata)
         anchors.append(page_anchor(wheel.filename, str(wheel.sha256), hashlib.sha256(metadata).hexdigest()))
-    write_whole(wheels_dir / INDEX_NAME, index_page_text(anchors).encode())
+    write_atomic(wheels_dir / INDEX_NAME, index_page_text(anchors).encode())
 
 
 # ------------------------------------------------------------------ step 4: pip checks the bundle

@@ -442,6 +442,7 @@ def test_write_indexes_writes_each_wheels_metadata_then_the_page_and_leaves_unch
     kbw.write_indexes(tmp_path, wheels, request())
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()} == before
     assert not list(tmp_path.glob(".*.part"))
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_a_wheel_with_two_dist_info_directories_is_refused(tmp_path):
