@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("node", help="node1..node8")
         sub.set_defaults(func=func)
 
+    airgap = commands.add_parser("airgap", help="on: the nodes can open no connection to the host; off: undo")
+    airgap.add_argument("state", choices=("on", "off"))
+    airgap.set_defaults(func=cmd_airgap)
+
     ssh = commands.add_parser("ssh", help="ssh to a node as root (optionally run a command)")
     ssh.add_argument("node")
     ssh.add_argument("remote_command", nargs=argparse.REMAINDER)
@@ -426,6 +430,26 @@ def cmd_heal(args: argparse.Namespace, settings: Settings) -> int:
     return _set_link(args, settings, "up")
 
 
+def cmd_airgap(args: argparse.Namespace, settings: Settings) -> int:
+    """The nodes' only reachable peers become each other: the host's mirrors (and anything else on it) refuse
+    them, as a site with no route but its own mirror host. Idempotent both ways; `down` also undoes it."""
+    require_root()
+    paths = StatePaths(settings.state)
+    with exclusive(settings):
+        lab_record(paths)
+        gapped = net.airgap_chain_exists() and net.input_jumps() > 0
+        if args.state == "on" and not gapped:
+            net.delete_airgap_chain()
+            net.create_airgap_chain()
+        elif args.state == "off":
+            problems = net.delete_airgap_chain()
+            if problems:
+                raise LabError("; ".join(problems))
+    what = "the nodes can open no connection to the host" if args.state == "on" else "the nodes reach the host"
+    print(f"lab: air gap {args.state} ({what})")
+    return 0
+
+
 def cmd_ssh(args: argparse.Namespace, settings: Settings) -> int:
     paths = StatePaths(settings.state)
     name = lab_node(paths, args.node)
@@ -500,6 +524,7 @@ def status_report(paths: StatePaths) -> dict[str, object]:
             "hf": {"url": f"http://{HOST_ADDRESS}:{record.hf_port}", "pid": server_pids["hf"]},
         },
         "mirrors": record.mirror_urls,
+        "airgap": net.airgap_chain_exists() and net.input_jumps() > 0,
         "checkpoint": record.checkpoint,
         "inventory": str(inventory.inventory_dir()),
     }
@@ -517,6 +542,8 @@ def print_status(paths: StatePaths) -> None:
         print(f"server {name:<5} {server['url']:<24} {'running' if server['pid'] else 'NOT RUNNING'}")
     for name, url in report["mirrors"].items():
         print(f"mirror {name:<15} {url}")
+    if report["airgap"]:
+        print("air gap on: the nodes can open no connection to the host (`lab/lab airgap off`)")
     print(f"inventory {report['inventory']}")
 
 

@@ -1,12 +1,12 @@
-"""The lab network: one bridge with the host at .1, a FORWARD chain that keeps node traffic on it, and the
-link switch behind `cut`/`heal`."""
+"""The lab network: one bridge with the host at .1, a FORWARD chain that keeps node traffic on it, the INPUT
+chain behind `airgap on` that keeps the nodes off the host, and the link switch behind `cut`/`heal`."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from .settings import BRIDGE, HOST_ADDRESS, IPTABLES_CHAIN, PREFIX_LENGTH
+from .settings import AIRGAP_CHAIN, BRIDGE, HOST_ADDRESS, IPTABLES_CHAIN, PREFIX_LENGTH
 from .system import LabError, run
 
 _SYS_NET = Path("/sys/class/net")
@@ -111,6 +111,45 @@ def delete_chain() -> list[str]:
         proc = subprocess.run(["iptables", "-w", "-X", IPTABLES_CHAIN], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             problems.append(f"cannot delete iptables chain {IPTABLES_CHAIN}: {proc.stderr.strip()}")
+    return problems
+
+
+# --- air gap: the nodes reach nothing but each other ----------------------------------------------------
+
+
+def airgap_rules() -> list[list[str]]:
+    """Rules of the air-gap chain: a connection a node opens to the host is dropped (the host's mirrors, any
+    port); replies to the host's own connections (Ansible's SSH) are established, so they pass. Node-to-node
+    traffic is bridged and never reaches INPUT, and the lab chain already drops whatever would leave the bridge."""
+    return [["-i", BRIDGE, "-m", "conntrack", "--ctstate", "NEW,INVALID", "-j", "DROP"]]
+
+
+def create_airgap_chain() -> None:
+    run(["iptables", "-w", "-N", AIRGAP_CHAIN])
+    for rule in airgap_rules():
+        run(["iptables", "-w", "-A", AIRGAP_CHAIN, *rule])
+    run(["iptables", "-w", "-I", "INPUT", "1", "-j", AIRGAP_CHAIN])
+
+
+def airgap_chain_exists() -> bool:
+    proc = subprocess.run(["iptables", "-w", "-S", AIRGAP_CHAIN], capture_output=True, check=False)
+    return proc.returncode == 0
+
+
+def input_jumps() -> int:
+    proc = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True, check=False)
+    return sum(1 for line in proc.stdout.splitlines() if line.split()[-2:] == ["-j", AIRGAP_CHAIN])
+
+
+def delete_airgap_chain() -> list[str]:
+    problems = []
+    for _ in range(input_jumps()):
+        subprocess.run(["iptables", "-w", "-D", "INPUT", "-j", AIRGAP_CHAIN], capture_output=True, check=False)
+    if airgap_chain_exists():
+        subprocess.run(["iptables", "-w", "-F", AIRGAP_CHAIN], capture_output=True, check=False)
+        proc = subprocess.run(["iptables", "-w", "-X", AIRGAP_CHAIN], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            problems.append(f"cannot delete iptables chain {AIRGAP_CHAIN}: {proc.stderr.strip()}")
     return problems
 
 

@@ -15,6 +15,9 @@ MAX_NODES = 8
 DEFAULT_DATA_SIZE = "4G"
 # The filter-table chain that keeps node traffic on the bridge; FORWARD jumps to it while the lab is up.
 IPTABLES_CHAIN = "KIMI-LAB"
+# The filter-table chain INPUT jumps to while the lab is air-gapped (`lab/lab airgap on`): the nodes open no
+# connection to the host (its apt, wheel and Hugging Face mirrors), so only their own nodes serve them.
+AIRGAP_CHAIN = "KIMI-LAB-AIRGAP"
 # Top-level cgroup (in the unified and the name=systemd hierarchies) holding one cgroup per node.
 CGROUP_NAME = "kimi-lab"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))

@@ -74,6 +74,7 @@ def down(paths: StatePaths) -> list[str]:
     problems += unmount_all_under(paths.root)
     problems += net.delete_links()
     problems += net.delete_chain()
+    problems += net.delete_airgap_chain()
     for root in CGROUP_ROOTS:
         problems += remove_cgroup_tree(root / CGROUP_NAME)
     for device in loop_devices([paths.root]):
@@ -103,6 +104,10 @@ def leftovers(paths: StatePaths) -> list[str]:
         found.append(f"iptables chain {net.IPTABLES_CHAIN}")
     if net.forward_jumps():
         found.append(f"iptables FORWARD jump to {net.IPTABLES_CHAIN}")
+    if net.airgap_chain_exists():
+        found.append(f"iptables chain {net.AIRGAP_CHAIN}")
+    if net.input_jumps():
+        found.append(f"iptables INPUT jump to {net.AIRGAP_CHAIN}")
     found += [f"loop device {device}" for device in loop_devices([paths.root])]
     found += [f"pid file {p}" for p in paths.pid_files()]
     found += [f"inventory file {p}" for p in (inventory.hosts_path(), inventory.generated_vars_path()) if p.exists()]

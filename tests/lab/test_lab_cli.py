@@ -262,6 +262,36 @@ def test_cut_then_heal(lab):
     assert lab.ssh("node1", "ping -c1 -W2 node2").returncode == 0
 
 
+def fetch_status(url: str) -> str:
+    """A node's shell command printing the HTTP status of a GET (bare nodes have python3, not curl)."""
+    script = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).status, end='')"
+    return f'python3 -c "{script}" {url}'
+
+
+def test_airgap_keeps_the_nodes_off_the_host_but_not_off_each_other(lab):
+    """An air-gapped site: a node's fetch from the host's mirror fails, from another node it works, and the
+    host still reaches every node (Ansible's SSH). `off` gives the mirrors back; `down` removes the chain too."""
+    apt_index = lab.status()["mirrors"]["apt_debian"] + "/Packages"
+    fetch = fetch_status(apt_index)
+    serve_on_node2 = "python3 -m http.server 18181 --bind 0.0.0.0 --directory /etc >/dev/null 2>&1 & echo $!"
+    pid = lab.ssh("node2", serve_on_node2).stdout.strip()
+    try:
+        assert lab.run("airgap", "on").returncode == 0
+        assert lab.run("airgap", "on").returncode == 0, "a second `on` must be a no-op"
+        assert lab.status()["airgap"] is True
+        refused = lab.ssh("node1", fetch)
+        assert refused.returncode != 0, f"node1 still fetched {apt_index} from the host: {refused.stdout}"
+        peer = fetch_status(f"http://{node_address(2)}:18181/hostname")
+        assert wait_for(lambda: lab.ssh("node1", peer).stdout == "200")
+        assert lab.ssh("node1", "hostname").stdout.strip() == "node1"
+    finally:
+        assert lab.run("airgap", "off").returncode == 0
+        lab.ssh("node2", f"kill {pid}")
+    assert lab.status()["airgap"] is False
+    assert lab.ssh("node1", fetch).stdout == "200"
+    assert lab.run("airgap", "on").returncode == 0  # left on: `down` must remove it (next test)
+
+
 def test_down_leaves_nothing_behind(lab):
     lab.ensure_down()
     assert teardown.leftovers(lab.paths) == []

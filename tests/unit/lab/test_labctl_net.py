@@ -42,3 +42,8 @@ def test_listeners_decode_addresses():
 def test_chain_drops_only_traffic_crossing_the_bridge_boundary():
     rules = [" ".join(rule) for rule in net.chain_rules()]
     assert rules == ["-i br-lab ! -o br-lab -j DROP", "-o br-lab ! -i br-lab -j DROP"]
+
+
+def test_airgap_drops_only_connections_the_nodes_open_to_the_host():
+    rules = [" ".join(rule) for rule in net.airgap_rules()]
+    assert rules == ["-i br-lab -m conntrack --ctstate NEW,INVALID -j DROP"]
