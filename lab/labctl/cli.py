@@ -437,8 +437,7 @@ def cmd_airgap(args: argparse.Namespace, settings: Settings) -> int:
     paths = StatePaths(settings.state)
     with exclusive(settings):
         lab_record(paths)
-        gapped = net.airgap_chain_exists() and net.input_jumps() > 0
-        if args.state == "on" and not gapped:
+        if args.state == "on" and not net.airgapped():
             net.delete_airgap_chain()
             net.create_airgap_chain()
         elif args.state == "off":
@@ -524,7 +523,7 @@ def status_report(paths: StatePaths) -> dict[str, object]:
             "hf": {"url": f"http://{HOST_ADDRESS}:{record.hf_port}", "pid": server_pids["hf"]},
         },
         "mirrors": record.mirror_urls,
-        "airgap": net.airgap_chain_exists() and net.input_jumps() > 0,
+        "airgap": net.airgapped(),
         "checkpoint": record.checkpoint,
         "inventory": str(inventory.inventory_dir()),
     }

@@ -85,33 +85,51 @@ def chain_rules() -> list[list[str]]:
     ]
 
 
-def create_chain() -> None:
-    run(["iptables", "-w", "-N", IPTABLES_CHAIN])
-    for rule in chain_rules():
-        run(["iptables", "-w", "-A", IPTABLES_CHAIN, *rule])
-    run(["iptables", "-w", "-I", "FORWARD", "1", "-j", IPTABLES_CHAIN])
+def _create(chain: str, hook: str, rules: list[list[str]]) -> None:
+    """A filter-table chain with its rules, jumped to first from the built-in chain `hook`."""
+    run(["iptables", "-w", "-N", chain])
+    for rule in rules:
+        run(["iptables", "-w", "-A", chain, *rule])
+    run(["iptables", "-w", "-I", hook, "1", "-j", chain])
 
 
-def chain_exists() -> bool:
-    proc = subprocess.run(["iptables", "-w", "-S", IPTABLES_CHAIN], capture_output=True, check=False)
+def _exists(chain: str) -> bool:
+    proc = subprocess.run(["iptables", "-w", "-S", chain], capture_output=True, check=False)
     return proc.returncode == 0
 
 
+def _jumps(hook: str, chain: str) -> int:
+    proc = subprocess.run(["iptables", "-w", "-S", hook], capture_output=True, text=True, check=False)
+    return sum(1 for line in proc.stdout.splitlines() if line.split()[-2:] == ["-j", chain])
+
+
+def _delete(chain: str, hook: str) -> list[str]:
+    """Every jump from `hook` to the chain, then the chain; returns what could not be removed."""
+    problems = []
+    for _ in range(_jumps(hook, chain)):
+        subprocess.run(["iptables", "-w", "-D", hook, "-j", chain], capture_output=True, check=False)
+    if _exists(chain):
+        subprocess.run(["iptables", "-w", "-F", chain], capture_output=True, check=False)
+        proc = subprocess.run(["iptables", "-w", "-X", chain], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            problems.append(f"cannot delete iptables chain {chain}: {proc.stderr.strip()}")
+    return problems
+
+
+def create_chain() -> None:
+    _create(IPTABLES_CHAIN, "FORWARD", chain_rules())
+
+
+def chain_exists() -> bool:
+    return _exists(IPTABLES_CHAIN)
+
+
 def forward_jumps() -> int:
-    proc = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True, check=False)
-    return sum(1 for line in proc.stdout.splitlines() if line.split()[-2:] == ["-j", IPTABLES_CHAIN])
+    return _jumps("FORWARD", IPTABLES_CHAIN)
 
 
 def delete_chain() -> list[str]:
-    problems = []
-    for _ in range(forward_jumps()):
-        subprocess.run(["iptables", "-w", "-D", "FORWARD", "-j", IPTABLES_CHAIN], capture_output=True, check=False)
-    if chain_exists():
-        subprocess.run(["iptables", "-w", "-F", IPTABLES_CHAIN], capture_output=True, check=False)
-        proc = subprocess.run(["iptables", "-w", "-X", IPTABLES_CHAIN], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            problems.append(f"cannot delete iptables chain {IPTABLES_CHAIN}: {proc.stderr.strip()}")
-    return problems
+    return _delete(IPTABLES_CHAIN, "FORWARD")
 
 
 # --- air gap: the nodes reach nothing but each other ----------------------------------------------------
@@ -125,32 +143,24 @@ def airgap_rules() -> list[list[str]]:
 
 
 def create_airgap_chain() -> None:
-    run(["iptables", "-w", "-N", AIRGAP_CHAIN])
-    for rule in airgap_rules():
-        run(["iptables", "-w", "-A", AIRGAP_CHAIN, *rule])
-    run(["iptables", "-w", "-I", "INPUT", "1", "-j", AIRGAP_CHAIN])
+    _create(AIRGAP_CHAIN, "INPUT", airgap_rules())
 
 
 def airgap_chain_exists() -> bool:
-    proc = subprocess.run(["iptables", "-w", "-S", AIRGAP_CHAIN], capture_output=True, check=False)
-    return proc.returncode == 0
+    return _exists(AIRGAP_CHAIN)
 
 
 def input_jumps() -> int:
-    proc = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True, check=False)
-    return sum(1 for line in proc.stdout.splitlines() if line.split()[-2:] == ["-j", AIRGAP_CHAIN])
+    return _jumps("INPUT", AIRGAP_CHAIN)
+
+
+def airgapped() -> bool:
+    """The air gap is on only with both its chain and INPUT's jump to it."""
+    return airgap_chain_exists() and input_jumps() > 0
 
 
 def delete_airgap_chain() -> list[str]:
-    problems = []
-    for _ in range(input_jumps()):
-        subprocess.run(["iptables", "-w", "-D", "INPUT", "-j", AIRGAP_CHAIN], capture_output=True, check=False)
-    if airgap_chain_exists():
-        subprocess.run(["iptables", "-w", "-F", AIRGAP_CHAIN], capture_output=True, check=False)
-        proc = subprocess.run(["iptables", "-w", "-X", AIRGAP_CHAIN], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            problems.append(f"cannot delete iptables chain {AIRGAP_CHAIN}: {proc.stderr.strip()}")
-    return problems
+    return _delete(AIRGAP_CHAIN, "INPUT")
 
 
 # --- ports ------------------------------------------------------------------------------------------------
