@@ -19,7 +19,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.ansible
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench gpu-facts clean
+.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench bundle gpu-facts clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -92,7 +92,7 @@ lab-test: lab-build ## Tests against the real lab (boots and tears down its own 
 # Order matters on shared nodes: preflight (which must find /data untouched) first, then the stack roles,
 # the checkpoint, and serving last (its prepare finds the stack and the checkpoint already there).
 MOLECULE_NODES := 2
-MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring router firewall
+MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring router offline_mirror firewall
 
 molecule: lab-build ## Every role's Molecule scenario, on one lab booted once for all of them
 	@unlisted=$$(for d in molecule/*/molecule.yml; do n=$$(basename $$(dirname $$d)); \
@@ -135,6 +135,38 @@ demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 
 bench: venv ## Print the benchmark figures
 	@for b in bench/bench_*.py; do [ -e "$$b" ] && $(PY) $$b; done
+
+# The lab inventory's air-gapped bundle (docs/air-gapped.md), built from the lab's cached mirrors (make lab-build;
+# no running lab needed): its apt repositories (flat and unsigned, so trusted=yes) and its wheelhouse, found by
+# labctl as lab/lab finds them. Without a running lab inventories/lab has no hosts.yml, so a stand-in names one
+# node (never contacted: bundle_inputs.yml runs on the controller alone). The key in BUNDLE_GNUPG is made on the
+# first build and kept, so the fingerprint receivers pin stays the same.
+BUNDLE_OUT ?= .cache/bundle/lab
+BUNDLE_GNUPG ?= .cache/bundle-gnupg
+BUNDLE_STANDIN := .cache/bundle/lab-standin/hosts.yml
+define LAB_BUNDLE_SOURCES
+import sys
+sys.path.insert(0, "lab")
+from labctl import mirrors_apt, mirrors_wheels, settings
+cache = settings.load_settings().cache
+apt, wheels = mirrors_apt.existing(cache), mirrors_wheels.existing(cache)
+if not (apt and wheels):
+    sys.exit(f"make bundle: the lab's mirrors are not built under {cache}: run make lab-build first")
+for name in ("nvidia", "debian"):
+    print(f"--apt-source=[trusted=yes] file:{apt[name]} ./")
+print(f"--pip-find-links={wheels['wheelhouse']}")
+endef
+export LAB_BUNDLE_SOURCES
+
+bundle: venv ## Build the lab inventory's signed offline bundle into BUNDLE_OUT from the lab's cached mirrors
+	@sources=$$($(PY) -c "$$LAB_BUNDLE_SOURCES"); readarray -t flags <<< "$$sources"; \
+	inventory=(-i inventories/lab); \
+	if [ ! -f inventories/lab/hosts.yml ]; then \
+		mkdir -p $(dir $(BUNDLE_STANDIN)); \
+		printf 'kimi_nodes:\n  hosts:\n    node1:\n      ansible_host: 127.0.0.1\n      ansible_port: 9\n' > $(BUNDLE_STANDIN); \
+		inventory+=(-i $(BUNDLE_STANDIN)); \
+	fi; \
+	$(PY) bin/kimi-bundle build "$${inventory[@]}" -o $(BUNDLE_OUT) --gnupg-home $(BUNDLE_GNUPG) "$${flags[@]}"
 
 # Run on a machine with an NVIDIA GPU (docs/gpu-facts.md): any python3 >= 3.10 (stdlib only, so no `make venv`),
 # no vLLM, no network, at most 8 minutes. PIP_VENV names the venv whose python runs the torch and NCCL probes.

@@ -11,7 +11,9 @@ pip platforms, the apt and pip pins, the checkpoint, the inventory), so that
 - the bundle's apt index and wheelhouse are checked against its pins (apt_index_problems, wheelhouse_problems);
 - building again after a pin bump fetches only what changed, and an interrupted build resumes (plan_fetches).
 
-Stdlib and `packaging` only, free of Ansible imports; the only I/O is reading the tree a caller names.
+Stdlib and `packaging` only, free of Ansible imports; the only I/O is reading the tree a caller names. The tree
+walk, the files' checks and the document's shape are kimi_bundle_tree.py's (stdlib only: the mirror host runs
+them), re-exported here.
 Plugins import it as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle``, the unit tests as
 ``module_utils.kimi_bundle``.
 """
@@ -19,32 +21,45 @@ Plugins import it as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bun
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import operator
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from .kimi_checkpoint import HASH_BLOCK
+from .kimi_bundle_tree import (
+    MANIFEST_KIND,
+    MANIFEST_NAME,
+    OWN_FILES,
+    SCHEMA_VERSION,
+    SHA256_HEX,
+    BundleError,
+    ManifestError,
+    checked_entries,
+    read_document,
+    totals,
+)
+
+# The rest of the manifest's stdlib-only part (kimi_bundle_tree.py, which the mirror host runs), re-exported: the
+# builder, preflight and the tests read every manifest name here.
+from .kimi_bundle_tree import SIGNATURE_NAME as SIGNATURE_NAME
+from .kimi_bundle_tree import BundleTreeError as BundleTreeError
+from .kimi_bundle_tree import TreeItem as TreeItem
+from .kimi_bundle_tree import hash_file as hash_file
+from .kimi_bundle_tree import manifest_entries as manifest_entries
+from .kimi_bundle_tree import manifest_text as manifest_text
+from .kimi_bundle_tree import safe_path as _safe_path  # its name here before it moved (kimi_bundle_hf imports it)
+from .kimi_bundle_tree import tree_items as tree_items
+from .kimi_bundle_tree import verify_tree as verify_tree
 from .kimi_inputs import DEBIAN_VERSION, HEX_COMMIT, REPO_ID, as_bool
 from .kimi_pinset import expand_platforms
-
-# 1: files are {path, size, sha256} or {path, symlink}; built_for is BuildInputs.to_dict().
-SCHEMA_VERSION = 1
-MANIFEST_KIND = "kimi.k2 bundle manifest"
-MANIFEST_NAME = "kimi-bundle.json"
-SIGNATURE_NAME = "kimi-bundle.json.asc"
-# The manifest cannot list itself, nor the signature made over it afterwards.
-OWN_FILES = frozenset({MANIFEST_NAME, SIGNATURE_NAME})
 
 # The inventory variables a bundle is built from (resolved values, as an Ansible task passes them).
 INVENTORY_NAME = "kimi_bundle_inventory_name"
@@ -64,6 +79,30 @@ CHECKPOINT_REPO_ID = "kimi_checkpoint_repo_id"
 CHECKPOINT_REVISION = "kimi_checkpoint_revision"
 CHECKPOINT_INCLUDE = "kimi_checkpoint_include"
 CHECKPOINT_EXCLUDE = "kimi_checkpoint_exclude"
+# roles/checkpoint installs the hf CLI as huggingface_hub at this version, from the bundle's wheelhouse.
+HF_VERSION = "checkpoint_hf_version"
+HF_DISTRIBUTION = "huggingface-hub"
+# Every variable inputs_from_variables reads, for whoever resolves them from an inventory
+# (playbooks/bundle_inputs.yml; a unit test keeps its list equal to this one).
+INPUT_VARIABLES = (
+    INVENTORY_NAME,
+    DISTRIBUTION,
+    CODENAME,
+    ARCHITECTURE,
+    PYTHON_VERSION,
+    PLATFORMS,
+    DEB_PINS,
+    *RELEASE_DEB_PINS,
+    APT_PACKAGES,
+    PIP_PINS,
+    PIP_OVERRIDES,
+    HF_VERSION,
+    WITH_CHECKPOINT,
+    CHECKPOINT_REPO_ID,
+    CHECKPOINT_REVISION,
+    CHECKPOINT_INCLUDE,
+    CHECKPOINT_EXCLUDE,
+)
 
 # "debian-12", "ubuntu-24.04": the distribution's lower-case name and the version apt sources are made for
 # (Debian's major version, Ubuntu's release), as preflight builds it from a node's facts.
@@ -84,13 +123,8 @@ PLATFORM_TAG = re.compile(r"(?:(?:manylinux|musllinux)_[0-9]+_[0-9]+|manylinux(?
 INVENTORY_NAME_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 PIP_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 T = TypeVar("T")
-
-
-class BundleError(ValueError):
-    """A bundle, its manifest or the inputs it is built from cannot be used; the message names what and why."""
 
 
 class BundleInputError(BundleError):
@@ -100,14 +134,6 @@ class BundleInputError(BundleError):
         self.problems = list(problems)
         self.variables = [variable for variable, _ in self.problems]
         super().__init__("; ".join(f"{variable} {message}" for variable, message in self.problems))
-
-
-class ManifestError(BundleError):
-    """A manifest this collection cannot read or trust (malformed, another schema, edited by hand)."""
-
-
-class BundleTreeError(BundleError):
-    """A bundle directory the manifest cannot describe (a symlink leaving it, a device file, a bad name)."""
 
 
 class _BadValueError(Exception):
@@ -163,6 +189,8 @@ class BuildInputs:
     # Debs the converge installs at the release's version (python3-venv, g++): only their presence is checked.
     apt_packages: tuple[str, ...] = ()
     checkpoint: Checkpoint | None = None
+    # The hf CLI's huggingface_hub version (roles/checkpoint's venv); None: the bundle carries no hf CLI.
+    hf_version: str | None = None
     # Which variable each apt pin came from, for messages only: not part of what the bundle was built for.
     apt_pin_sources: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -187,6 +215,7 @@ class BuildInputs:
             "pip_pins": dict(sorted(self.pip_pins.items())),
             "pip_overrides": dict(sorted(self.pip_overrides.items())),
             "checkpoint": checkpoint,
+            "hf_version": self.hf_version,
         }
 
     def inputs_sha256(self) -> str:
@@ -324,6 +353,10 @@ def _checkpoint(variables: Mapping[str, Any], names: Mapping[str, str]) -> Check
     return Checkpoint(repo_id, revision, include, exclude)
 
 
+def _hf_version(value: Any, variable: str) -> str | None:
+    return None if value is None else _exact_pip_version(HF_DISTRIBUTION, value, variable)
+
+
 def _wants_checkpoint(value: Any, variable: str) -> bool:
     wanted = as_bool(False if value is None else value)
     if wanted is None:
@@ -356,6 +389,7 @@ def inputs_from_variables(variables: Mapping[str, Any]) -> BuildInputs:
     apt_packages = collect.take(_string_list, variables.get(APT_PACKAGES) or [], APT_PACKAGES, DEBIAN_PACKAGE)
     pip_pins = collect.take(_pip_pins, variables.get(PIP_PINS), PIP_PINS, True)
     overrides = collect.take(_pip_pins, variables.get(PIP_OVERRIDES), PIP_OVERRIDES, False)
+    hf_version = collect.take(_hf_version, variables.get(HF_VERSION), HF_VERSION)
     checkpoint = None
     if collect.take(_wants_checkpoint, variables.get(WITH_CHECKPOINT), WITH_CHECKPOINT):
         names = {
@@ -379,6 +413,7 @@ def inputs_from_variables(variables: Mapping[str, Any]) -> BuildInputs:
         pip_overrides=overrides or {},
         apt_packages=apt_packages or (),
         checkpoint=checkpoint,
+        hf_version=hf_version,
         apt_pin_sources=merged[1],
     )
 
@@ -399,6 +434,7 @@ def inputs_from_dict(data: Any, where: str = "built_for") -> BuildInputs:
         APT_PACKAGES: data.get("apt_packages"),
         PIP_PINS: data.get("pip_pins"),
         PIP_OVERRIDES: data.get("pip_overrides"),
+        HF_VERSION: data.get("hf_version"),
     }
     checkpoint = data.get("checkpoint")
     if isinstance(checkpoint, Mapping):
@@ -427,6 +463,7 @@ DICT_KEYS = {
     APT_PACKAGES: "apt_packages",
     PIP_PINS: "pip_pins",
     PIP_OVERRIDES: "pip_overrides",
+    HF_VERSION: "hf_version",
     CHECKPOINT_REPO_ID: "checkpoint.repo_id",
     CHECKPOINT_REVISION: "checkpoint.revision",
     CHECKPOINT_INCLUDE: "checkpoint.include",
@@ -449,10 +486,13 @@ FIELD_VARIABLES = {
     "python_version": PYTHON_VERSION,
     "platforms": PLATFORMS,
     "apt_packages": APT_PACKAGES,
+    "hf_version": HF_VERSION,
 }
 
 
 def _show(value: Any) -> str:
+    if value is None:
+        return "none"
     return (", ".join(value) or "none") if isinstance(value, tuple) else str(value)
 
 
@@ -526,156 +566,18 @@ def compare_inputs(bundle: BuildInputs, wanted: BuildInputs) -> list[str]:
     lines += _pin_differences(
         "pip override", bundle.pip_overrides, wanted.pip_overrides, lambda _: PIP_OVERRIDES, _same_pip_version
     )
+    lines += _field_difference("hf_version", bundle.hf_version, wanted.hf_version)
     lines += _checkpoint_differences(bundle.checkpoint, wanted.checkpoint)
     return lines
 
 
-# --------------------------------------------------------------------------------------- the bundle tree
-
-FILE, SYMLINK, REFUSED = "file", "symlink", "refused"
-
-
-@dataclass(frozen=True)
-class TreeItem:
-    """One thing under the bundle root, never followed: a regular file, a symlink inside it, or a refusal (reason)."""
-
-    path: str
-    kind: str
-    size: int = 0
-    target: str = ""
-    reason: str = ""
-
-
-def _symlink_item(root: Path, link: Path, relative: str) -> TreeItem:
-    target = str(link.readlink())
-    if Path(target).is_absolute():
-        # Refused even inside the root: the bundle is copied to the mirror host, where the path means another thing.
-        return TreeItem(relative, REFUSED, target=target, reason=f"is a symlink to the absolute path {target}")
-    try:
-        resolved = link.resolve(strict=True)
-    except (OSError, RuntimeError):  # dangling, or a loop (RuntimeError before Python 3.13)
-        return TreeItem(relative, REFUSED, target=target, reason=f"is a symlink to {target}, which does not exist")
-    if not resolved.is_relative_to(root):
-        return TreeItem(relative, REFUSED, target=target, reason=f"is a symlink to {target}, outside the bundle")
-    return TreeItem(relative, SYMLINK, target=target)
-
-
-def _tree_item(root: Path, entry: os.DirEntry) -> TreeItem | None:
-    """The item for one directory entry; None for a directory (walked separately)."""
-    relative = Path(entry.path).relative_to(root).as_posix()
-    try:
-        relative.encode("utf-8")
-    except UnicodeEncodeError:
-        return TreeItem(relative, REFUSED, reason="has a name that is not UTF-8 (a manifest is JSON text)")
-    if entry.is_symlink():
-        return _symlink_item(root, Path(entry.path), relative)
-    if entry.is_dir(follow_symlinks=False):
-        return None
-    if entry.is_file(follow_symlinks=False):
-        return TreeItem(relative, FILE, size=entry.stat(follow_symlinks=False).st_size)
-    return TreeItem(relative, REFUSED, reason="is not a regular file, a directory or a symlink")
-
-
-def tree_items(root: Path) -> list[TreeItem]:
-    """Everything under `root` but directories and the manifest's own files, sorted by path; nothing is
-    followed, so a symlinked directory is one item and the walk never leaves the root."""
-    real_root = Path(root).resolve(strict=True)
-    items: list[TreeItem] = []
-    pending = [real_root]
-    while pending:
-        with os.scandir(pending.pop()) as listing:
-            for entry in listing:
-                item = _tree_item(real_root, entry)
-                if item is None:
-                    pending.append(Path(entry.path))
-                elif item.path not in OWN_FILES:
-                    items.append(item)
-    return sorted(items, key=lambda item: item.path)
-
-
-def hash_file(path: Path) -> tuple[int, str]:
-    """(bytes read, sha256) in one streaming pass: the size is of the very bytes hashed."""
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as handle:
-        while block := handle.read(HASH_BLOCK):
-            digest.update(block)
-            size += len(block)
-    return size, digest.hexdigest()
-
-
-def manifest_entries(root: Path) -> list[dict[str, Any]]:
-    """Every regular file under `root` ({path, size, sha256}) and every symlink inside it ({path, symlink}),
-    sorted by path; BundleTreeError names every symlink that leaves the root and every special file."""
-    items = tree_items(root)
-    refused = [f"{item.path} {item.reason}" for item in items if item.kind == REFUSED]
-    if refused:
-        raise BundleTreeError(f"{root}: " + "; ".join(refused))
-    real_root = Path(root).resolve()
-    entries: list[dict[str, Any]] = []
-    for item in items:
-        if item.kind == SYMLINK:
-            entries.append({"path": item.path, "symlink": item.target})
-            continue
-        size, sha256 = hash_file(real_root / item.path)
-        entries.append({"path": item.path, "size": size, "sha256": sha256})
-    return entries
-
-
 # ------------------------------------------------------------------------------------------ the document
-
-
-def _safe_path(path: Any) -> bool:
-    """A relative POSIX path in canonical form that cannot leave the root ('a/b', never '../a', '/a', 'a//b')."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        return False
-    parts = PurePosixPath(path).parts
-    return not path.startswith("/") and "/".join(parts) == path and not {".", ".."} & set(parts)
-
-
-def _check_entry(entry: Any, where: str) -> str | None:
-    """Why one files[] entry is malformed, or None."""
-    if not isinstance(entry, Mapping) or not _safe_path(entry.get("path")):
-        return f"{where}: needs a relative path inside the bundle (got {entry!r})"
-    if entry["path"] in OWN_FILES:
-        return f"{where}: lists {entry['path']}, which the manifest cannot describe"
-    if set(entry) == {"path", "symlink"}:
-        target = entry["symlink"]
-        ok = isinstance(target, str) and target and not target.startswith("/")
-        return None if ok else f"{where} ({entry['path']}): symlink must be a relative target"
-    if set(entry) != {"path", "size", "sha256"}:
-        return f"{where} ({entry['path']}): needs exactly path, size and sha256 (got {sorted(entry)})"
-    size = entry["size"]
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        return f"{where} ({entry['path']}): size must be a whole number of bytes (got {size!r})"
-    if not isinstance(entry["sha256"], str) or not SHA256_HEX.fullmatch(entry["sha256"]):
-        return f"{where} ({entry['path']}): sha256 must be 64 lower-case hex digits (got {entry['sha256']!r})"
-    return None
-
-
-def checked_entries(entries: Any, where: str = "files") -> list[dict[str, Any]]:
-    """The entries, each well-formed, sorted by path with no path twice; ManifestError names the first bad one."""
-    if not isinstance(entries, list):
-        raise ManifestError(f"{where} must be a list (got {type(entries).__name__})")
-    for index, entry in enumerate(entries):
-        problem = _check_entry(entry, f"{where}[{index}]")
-        if problem:
-            raise ManifestError(problem)
-    paths = [entry["path"] for entry in entries]
-    for earlier, later in itertools.pairwise(paths):
-        if later <= earlier:
-            raise ManifestError(f"{where}: {later} is listed after {earlier} (paths must be sorted and unique)")
-    return [dict(entry) for entry in entries]
 
 
 def _timestamp(created_at: datetime) -> str:
     if created_at.tzinfo is None:
         raise ValueError("created_at must carry a time zone (datetime.now(UTC))")
     return created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _totals(entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    files = [entry for entry in entries if "sha256" in entry]
-    return {"files": len(files), "symlinks": len(entries) - len(files), "bytes": sum(e["size"] for e in files)}
 
 
 def manifest_document(inputs: BuildInputs, entries: Sequence[Mapping[str, Any]], created_at: datetime) -> dict:
@@ -687,42 +589,21 @@ def manifest_document(inputs: BuildInputs, entries: Sequence[Mapping[str, Any]],
         "created_at": _timestamp(created_at),
         "built_for": inputs.to_dict(),
         "files": files,
-        "totals": _totals(files),
+        "totals": totals(files),
     }
 
 
-def manifest_text(document: Mapping[str, Any]) -> str:
-    """The bytes that are signed: sorted keys, two-space indent, ASCII, one trailing newline."""
-    return json.dumps(document, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
-
-
 def read_manifest(text: str) -> dict[str, Any]:
-    """A manifest's document after every check that needs no tree: schema, kind, built_for (and its recorded
-    sha256 against the inputs it lists), files and totals. ManifestError names the key that fails."""
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ManifestError(f"{MANIFEST_NAME} is not JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise ManifestError(f"{MANIFEST_NAME} must hold a JSON object")
-    if document.get("schema") != SCHEMA_VERSION or document.get("kind") != MANIFEST_KIND:
-        raise ManifestError(
-            f"{MANIFEST_NAME}: schema {document.get('schema')!r} of kind {document.get('kind')!r} is not one this "
-            f"collection reads (schema {SCHEMA_VERSION}, {MANIFEST_KIND!r}): build the bundle with this collection"
-        )
-    if not isinstance(document.get("created_at"), str):
-        raise ManifestError(f"{MANIFEST_NAME}: created_at must be a timestamp string")
+    """A manifest's document after every check that needs no tree: kimi_bundle_tree.read_document's (schema,
+    kind, files, totals), then built_for's inputs against the sha256 recorded with them. ManifestError names the
+    key that fails."""
+    document = read_document(text)
     inputs = manifest_inputs(document)
     recorded = document["built_for"].get("inventory", {}).get("sha256")
     if recorded != inputs.inputs_sha256():
         raise ManifestError(
             f"{MANIFEST_NAME}: built_for.inventory.sha256 is {recorded}, its inputs hash to {inputs.inputs_sha256()} "
             "(edited after the build?)"
-        )
-    files = checked_entries(document.get("files"))
-    if document.get("totals") != _totals(files):
-        raise ManifestError(
-            f"{MANIFEST_NAME}: totals {document.get('totals')} do not add up to files ({_totals(files)})"
         )
     return document
 
@@ -732,62 +613,6 @@ def manifest_inputs(document: Mapping[str, Any]) -> BuildInputs:
         return inputs_from_dict(document.get("built_for"))
     except BundleInputError as error:
         raise ManifestError(f"{MANIFEST_NAME}: {error}") from None
-
-
-# ------------------------------------------------------------------------------------------- verification
-
-
-def _listed_kind(entry: Mapping[str, Any]) -> str:
-    return SYMLINK if "symlink" in entry else FILE
-
-
-def _shape_problem(entry: Mapping[str, Any], item: TreeItem | None) -> str | None:
-    """What a stat shows to be wrong (missing, wrong kind, wrong size, wrong link), without reading content."""
-    if item is None:
-        listed = f"a symlink to {entry['symlink']}" if "symlink" in entry else f"{entry['size']} bytes"
-        return f"missing (the manifest lists {listed})"
-    if item.kind == REFUSED:
-        return item.reason
-    if item.kind != _listed_kind(entry):
-        return f"is a {item.kind}, the manifest lists a {_listed_kind(entry)}"
-    if item.kind == SYMLINK and item.target != entry["symlink"]:
-        return f"points to {item.target}, the manifest says {entry['symlink']}"
-    if item.kind == FILE and item.size != entry["size"]:
-        return f"size {item.size} bytes, the manifest says {entry['size']} bytes"
-    return None
-
-
-def _content_problem(root: Path, entry: Mapping[str, Any]) -> str | None:
-    size, sha256 = hash_file(root / entry["path"])
-    if size != entry["size"]:  # changed while it was being read
-        return f"size {size} bytes, the manifest says {entry['size']} bytes"
-    return None if sha256 == entry["sha256"] else f"sha256 {sha256}, the manifest says {entry['sha256']}"
-
-
-def verify_tree(root: Path, document: Mapping[str, Any], checksums: bool = True) -> list[str]:
-    """Every way the tree under `root` differs from the manifest, each naming the file; empty when it matches.
-
-    Every file is stat'ed before any is hashed, so a truncated or missing file is named at once rather than
-    after hours of hashing the files before it. checksums=False stops there (a quick look).
-    """
-    files = checked_entries(document.get("files"))
-    real_root = Path(root).resolve(strict=True)
-    on_disk = {item.path: item for item in tree_items(real_root)}
-    problems: dict[str, str] = {}
-    to_hash = []
-    for entry in files:
-        problem = _shape_problem(entry, on_disk.pop(entry["path"], None))
-        if problem:
-            problems[entry["path"]] = problem
-        elif "sha256" in entry:
-            to_hash.append(entry)
-    for item in on_disk.values():
-        problems[item.path] = item.reason if item.kind == REFUSED else f"is not in the manifest (an extra {item.kind})"
-    for entry in to_hash if checksums else []:
-        problem = _content_problem(real_root, entry)
-        if problem:
-            problems[entry["path"]] = problem
-    return [f"{path}: {problem}" for path, problem in sorted(problems.items())]
 
 
 # ------------------------------------------------------------------------------- the bundle's contents
@@ -878,7 +703,8 @@ def wheelhouse_problems(wheel_paths: Iterable[str], inputs: BuildInputs) -> list
             problems.append(
                 f"{path}: cannot be installed with {target} (its tags: {', '.join(sorted(map(str, tags)))})"
             )
-    for variable, pins in ((PIP_PINS, inputs.pip_pins), (PIP_OVERRIDES, inputs.pip_overrides)):
+    hf_pin = {HF_DISTRIBUTION: inputs.hf_version} if inputs.hf_version else {}
+    for variable, pins in ((PIP_PINS, inputs.pip_pins), (PIP_OVERRIDES, inputs.pip_overrides), (HF_VERSION, hf_pin)):
         for name, version in pins.items():
             have = installable.get(name, [])
             if Version(version) not in have:

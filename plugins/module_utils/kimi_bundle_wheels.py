@@ -71,6 +71,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from .kimi_bundle import (
+    HF_DISTRIBUTION,
+    HF_VERSION,
     PIP_OVERRIDES,
     PIP_PINS,
     PYTHON_MINOR,
@@ -105,9 +107,6 @@ GENERATED_NAMES = (LOCK_NAME, SUMS_NAME, INDEX_NAME)
 # plan_fetches' name for the wheels an interrupted run left in the download directory.
 CACHE_POOL = "cache"
 DOWNLOADS_DIR = "wheel-downloads"
-# roles/checkpoint installs the hf CLI as huggingface_hub==checkpoint_hf_version in a venv of its own.
-HF_VERSION = "checkpoint_hf_version"
-HF_DISTRIBUTION = "huggingface-hub"
 # A line of pip's --log: "Could not fetch URL <url>: <reason> - skipping".
 NOT_FETCHED = re.compile(r"Could not fetch URL (?P<url>\S+): (?P<reason>.*) - skipping$", re.MULTILINE)
 LOCATION_IGNORED = re.compile(r"Location '(?P<location>[^']*)' is ignored: (?P<reason>.*)$", re.MULTILINE)
@@ -310,7 +309,9 @@ def exact_version(value: Any, variable: str) -> str:
 
 
 def pip_sets(inputs: BuildInputs, hf_version: str | None = None) -> tuple[PipSet, ...]:
-    """The pip installs the converge runs for these inputs (see the module's docstring)."""
+    """The pip installs the converge runs for these inputs (see the module's docstring); the hf CLI at
+    `hf_version`, else at the inputs' own hf_version when they carry one."""
+    hf_version = hf_version if hf_version is not None else inputs.hf_version
     overrides = inputs.pip_overrides
     resolved = {name: version for name, version in inputs.pip_pins.items() if name not in overrides}
     replaced = {name: version for name, version in inputs.pip_pins.items() if name in overrides}

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from .kimi_bundle_signature import normalise_fingerprint
 from .kimi_layout import LAYOUTS
 from .kimi_presets import PlanInputError, find_gpu, find_model
 
@@ -493,15 +494,29 @@ def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-def _router_port_clash(values: Mapping[str, Any], port: int) -> str | None:
-    """The serving-node service already on ``port`` (vLLM's, the monitoring role's), None when it is free."""
-    taken = {
-        "kimi_api_port": values.get("kimi_api_port", 8000),
-        "kimi_master_port": values.get("kimi_master_port", 29501),
-        "vllm_serve_data_parallel_rpc_port": values.get("vllm_serve_data_parallel_rpc_port", 13345),
-        **{name: values.get(name, default) for name, default in MONITORING_PORTS.items()},
-    }
+# The ports a serving node's own services use, as the role defaults set them when the inventory does not (vLLM's
+# API, master and data-parallel RPC ports, Ray's GCS and dashboard in layout ray, the monitoring role's);
+# test_kimi_inputs.py keeps them equal to the roles' defaults.
+NODE_PORTS = {
+    "kimi_api_port": 8000,
+    "kimi_master_port": 29501,
+    "vllm_serve_data_parallel_rpc_port": 13345,
+    "ray_cluster_port": 6379,
+    "ray_cluster_dashboard_port": 8265,
+    **MONITORING_PORTS,
+}
+
+
+def _node_port_clash(values: Mapping[str, Any], port: int, also: Sequence[str] = ()) -> str | None:
+    """The serving-node service already on ``port`` (NODE_PORTS, then the variables in `also` that `values`
+    sets), None when it is free."""
+    taken = {name: values.get(name, default) for name, default in NODE_PORTS.items()}
+    taken.update({name: values[name] for name in also if name in values})
     return next((name for name, value in taken.items() if as_int(value) == port), None)
+
+
+# kimi_router_port's default (roles/kimi/defaults/main.yml; a unit test keeps them equal).
+ROUTER_PORT = 443
 
 
 def router_problems(values: Mapping[str, Any]) -> list[Problem]:
@@ -525,7 +540,7 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
                 'set at least one key from Vault, e.g. kimi_router_api_keys: ["{{ vault_kimi_api_key }}"]',
             )
         )
-    port = as_int(values.get("kimi_router_port", 443))
+    port = as_int(values.get("kimi_router_port", ROUTER_PORT))
     for router in routers:
         host = router.get("host", "?")
         for name, what in (("router_tls_certificate", "certificate"), ("router_tls_key", "private key")):
@@ -538,7 +553,7 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
                         f"set it from Vault to the PEM {what} the router serves (the lab makes its own CA)",
                     )
                 )
-        clash = _router_port_clash(values, port) if router.get("serving_node") and port else None
+        clash = _node_port_clash(values, port) if router.get("serving_node") and port else None
         if clash:
             problems.append(
                 Problem(
@@ -551,12 +566,135 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+# ------------------------------------------------------------------------------------- the offline mirror
+
+OFFLINE_MIRROR_PHASE = "offline_mirror"
+OFFLINE_MIRROR_GROUP = "kimi_offline_mirror"
+# The mirror's port as roles/kimi/defaults/main.yml sets it (kimi_offline_mirror_port; a unit test keeps them equal).
+OFFLINE_MIRROR_PORT = 8081
+
+
+def _mirror_source(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    """Exactly one of the two places the bundle comes from, as an absolute path."""
+    path = str(values.get("offline_mirror_bundle_path") or "").strip()
+    src = str(values.get("offline_mirror_bundle_src") or "").strip()
+    one = (
+        "set one: offline_mirror_bundle_path where the bundle already is on the mirror host, or "
+        "offline_mirror_bundle_src, a directory on the controller the role copies there"
+    )
+    if path and src:
+        return [
+            Problem(
+                "offline_mirror_bundle_path", phase, f"({path}) and offline_mirror_bundle_src ({src}) are both set", one
+            )
+        ]
+    if not path and not src:
+        return [Problem("offline_mirror_bundle_path", phase, "and offline_mirror_bundle_src are both empty", one)]
+    # Absolute both: Ansible would look for a relative src in the role's files/ first.
+    return _absolute_path(values, "offline_mirror_bundle_path" if path else "offline_mirror_bundle_src", phase)
+
+
+def _mirror_fingerprint(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    value = values.get("offline_mirror_fingerprint")
+    try:
+        normalise_fingerprint(str(value or ""))
+    except ValueError:
+        return [
+            Problem(
+                "offline_mirror_fingerprint",
+                phase,
+                f"is not the signing key's fingerprint, 40 hex digits (got {value!r})",
+                "pin the key that signed the bundle, as `bin/kimi-bundle fingerprint --gnupg-home DIR` prints it; "
+                "the bundle's own keyring proves nothing by itself",
+            )
+        ]
+    return []
+
+
+def _mirror_address(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    value = str(values.get("offline_mirror_bind_address") or "").strip()
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        empty = "is empty" if not value else f"is not an IP address (got {value!r})"
+        return [
+            Problem(
+                "offline_mirror_bind_address",
+                phase,
+                f"{empty}: by default the kimi role's address of this host (kimi_host_ip, else the IPv4 of "
+                "kimi_network_interface)",
+                "set kimi_host_ip or kimi_network_interface for the mirror host, or offline_mirror_bind_address",
+            )
+        ]
+    return []
+
+
+def _mirror_port_clash(values: Mapping[str, Any], port: int, mirror: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(variable, what the host is besides the mirror) of the service already on `port`, None when it is free."""
+    clash = _node_port_clash(values, port) if as_bool(mirror.get("serving_node")) else None
+    if clash:
+        return clash, "a serving node"
+    if as_bool(mirror.get("router")) and as_int(values.get("kimi_router_port", ROUTER_PORT)) == port:
+        return "kimi_router_port", "a router"
+    return None
+
+
+def _mirror_port(values: Mapping[str, Any], mirror: Mapping[str, Any], phase: str) -> list[Problem]:
+    name = "offline_mirror_port"
+    port = as_int(values.get(name, OFFLINE_MIRROR_PORT))
+    if port is None or not 1 <= port <= 65535:
+        return [Problem(name, phase, f"must be a port number 1-65535 (got {values.get(name)!r})", f"set it in {WHERE}")]
+    clash = _mirror_port_clash(values, port, mirror)
+    if clash is None:
+        return []
+    return [
+        Problem(
+            name,
+            phase,
+            f"is {port}, which this host also uses as {clash[0]} (it is {clash[1]} as well as the mirror)",
+            f"give the mirror a port no service of the host uses (the default {OFFLINE_MIRROR_PORT}, if free)",
+        )
+    ]
+
+
+def offline_mirror_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """The mirror host (roles/offline_mirror): one host in its group, where the bundle comes from, the pinned
+    signing key, the address and a port no other service of the host uses.
+
+    ``offline_mirror_inventory`` is what the role read of the inventory for this host: whether it is also a
+    serving node or a router, and the hosts of the kimi_offline_mirror group. Without it (a serving node's own
+    values) there is nothing to judge.
+    """
+    phase = OFFLINE_MIRROR_PHASE
+    mirror = values.get("offline_mirror_inventory")
+    if not isinstance(mirror, Mapping):
+        return []
+    problems = []
+    hosts = list(mirror.get("mirror_hosts") or [])
+    if len(hosts) > 1:
+        problems.append(
+            Problem(
+                f"the {OFFLINE_MIRROR_GROUP} group",
+                phase,
+                f"has {len(hosts)} hosts ({', '.join(map(str, hosts))}), the site has one mirror",
+                "keep one host in it",
+            )
+        )
+    problems += _mirror_source(values, phase)
+    problems += _absolute_path(values, "offline_mirror_root", phase) if "offline_mirror_root" in values else []
+    problems += _mirror_fingerprint(values, phase)
+    problems += _mirror_address(values, phase)
+    problems += _mirror_port(values, mirror, phase)
+    return problems
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
     "stack": stack_problems,
     "checkpoint": checkpoint_problems,
     "serve": serve_problems,
     "router": router_problems,
     "monitoring": monitoring_problems,
+    OFFLINE_MIRROR_PHASE: offline_mirror_problems,
 }
 
 
@@ -610,10 +748,11 @@ def name_both(problems: list[Problem], derived: Mapping[str, str]) -> list[Probl
     return named
 
 
-def host_problems(values: Mapping[str, Any], phases: Sequence[str]) -> list[Problem]:
-    """Every problem of one host's values for the phases that will run."""
+def host_problems(values: Mapping[str, Any], phases: Sequence[str], common: bool = True) -> list[Problem]:
+    """Every problem of one host's values for the phases that will run; common=False leaves out the kimi role's
+    cluster values (a role judging only its own inputs, on a host that may serve nothing)."""
     resolved, derived = with_derived_values(values)
-    problems = common_problems(resolved)
+    problems = common_problems(resolved) if common else []
     for phase in phases:
         check = CHECKS.get(phase)
         if check:
@@ -622,12 +761,15 @@ def host_problems(values: Mapping[str, Any], phases: Sequence[str]) -> list[Prob
 
 
 def judge(
-    hosts: Mapping[str, Mapping[str, Any]], phases: Sequence[str], plan_result: Mapping[str, Any] | None = None
+    hosts: Mapping[str, Mapping[str, Any]],
+    phases: Sequence[str],
+    plan_result: Mapping[str, Any] | None = None,
+    common: bool = True,
 ) -> list[dict[str, Any]]:
     """Problems of every host, the same problem on several hosts folded into one entry (hosts in order)."""
     folded: dict[Problem, list[str]] = {}
     for host, values in hosts.items():
-        for problem in host_problems(values, phases):
+        for problem in host_problems(values, phases, common):
             folded.setdefault(problem, []).append(host)
     if {"preflight", "serve", "verify"} & set(phases):
         for problem in plan_problems(plan_result):

@@ -30,13 +30,19 @@ options:
   phases:
     description: >-
       The phases that will run, already narrowed by --tags/--skip-tags (PHASES in
-      plugins/module_utils/kimi_inputs.py).
+      plugins/module_utils/kimi_inputs.py), or C(offline_mirror) for the mirror host's own check.
     type: list
     elements: str
     required: true
   plan:
     description: The registered result of the kimi role's kimi_plan task (failed or not); its problems count too.
     type: dict
+  common:
+    description:
+      - Judge the kimi role's cluster values too (model, GPU, paths, the API and master ports, the interface).
+      - False for a role that judges only its own inputs on a host that may serve nothing (roles/offline_mirror).
+    type: bool
+    default: true
 extends_documentation_fragment:
   - kimi.k2.attributes
   - kimi.k2.attributes.reads_only
@@ -84,11 +90,12 @@ def main() -> None:
             "hosts": {"type": "dict", "required": True},
             "phases": {"type": "list", "elements": "str", "required": True},
             "plan": {"type": "dict"},
+            "common": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     params = module.params
-    problems = judge(params["hosts"], params["phases"], params["plan"])
+    problems = judge(params["hosts"], params["phases"], params["plan"], params["common"])
     result = {"changed": False, "problems": problems, "phases": params["phases"]}
     if problems:
         module.fail_json(msg=failure_message(problems, params["phases"]), **result)

@@ -28,8 +28,11 @@ def ansible_executable() -> str:
     return found
 
 
-def run_module(tmp_path: Path, module: str, args: dict[str, Any], *, check: bool = False) -> tuple[bool, dict]:
-    """(succeeded, result) of ``ansible localhost -m MODULE -a ARGS`` with a connection to the local machine."""
+def run_module(
+    tmp_path: Path, module: str, args: dict[str, Any], *, check: bool = False, interpreter: str | None = None
+) -> tuple[bool, dict]:
+    """(succeeded, result) of ``ansible localhost -m MODULE -a ARGS`` with a connection to the local machine, run
+    by `interpreter` (default: this venv's python; a node's bare /usr/bin/python3 for a module that runs there)."""
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
@@ -55,7 +58,7 @@ def run_module(tmp_path: Path, module: str, args: dict[str, Any], *, check: bool
         "-a",
         json.dumps(args),
         "-e",
-        f"ansible_python_interpreter={sys.executable}",
+        f"ansible_python_interpreter={interpreter or sys.executable}",
     ]
     if check:
         command.append("--check")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from module_utils import kimi_bundle as kb
+from module_utils import kimi_bundle_tree as kbt
 from module_utils.kimi_bundle import Artifact, BuildInputs, Checkpoint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -39,6 +40,7 @@ GOOD = {
     "kimi_bundle_apt_packages": ["python3-venv", "g++"],
     "kimi_vllm_pip_pins": {"vllm": "0.23.0", "Nvidia_NCCL_cu13": "2.28.9"},
     "kimi_vllm_pip_overrides": {},
+    "checkpoint_hf_version": "2.4.0",
     "kimi_bundle_checkpoint": True,
     "kimi_checkpoint_repo_id": "moonshotai/Kimi-K2-Instruct",
     "kimi_checkpoint_revision": REVISION,
@@ -140,6 +142,8 @@ BAD_INPUTS = [
     ("kimi_vllm_pip_pins", {"vllm": 0.23}, "pins vllm to 0.23, not one exact PEP 440 version"),
     ("kimi_vllm_pip_overrides", {"nvidia-nccl-cu13": "latest"}, "pins nvidia-nccl-cu13 to 'latest'"),
     ("kimi_vllm_pip_overrides", ["nccl"], "must be a mapping of package to version"),
+    ("checkpoint_hf_version", 2.4, "pins huggingface-hub to 2.4, not one exact PEP 440 version"),
+    ("checkpoint_hf_version", ">=2.4", "pins huggingface-hub to '>=2.4', not one exact PEP 440 version"),
     ("kimi_bundle_checkpoint", "maybe", "must be true or false (got 'maybe')"),
     ("kimi_checkpoint_repo_id", "Kimi-K2", "must be a Hub repository id org/name (got 'Kimi-K2')"),
     ("kimi_checkpoint_revision", "main", "must be a 40-hex commit (got 'main')"),
@@ -155,6 +159,46 @@ def test_a_bad_variable_is_refused_by_name(variable, value, expected):
     assert caught.value.variables == [variable]
     assert isinstance(caught.value, ValueError)
     assert str(caught.value).startswith(f"{variable} ") and expected in str(caught.value)
+
+
+def test_the_hf_cli_version_is_optional_normalised_and_survives_the_dict():
+    assert inputs().hf_version == "2.4.0" and inputs(checkpoint_hf_version="2.4").hf_version == "2.4"
+    without = kb.inputs_from_variables({k: v for k, v in GOOD.items() if k != "checkpoint_hf_version"})
+    assert without.hf_version is None and without.to_dict()["hf_version"] is None
+    assert without.inputs_sha256() != inputs().inputs_sha256()
+    assert kb.inputs_from_dict(inputs().to_dict()).hf_version == "2.4.0"
+    data = inputs().to_dict()
+    data["hf_version"] = "latest"
+    with pytest.raises(kb.BundleInputError) as caught:
+        kb.inputs_from_dict(data)
+    assert caught.value.variables == ["built_for.hf_version"]
+
+
+class RecordingVariables(dict):
+    """Variables that note every name read, to prove which an inventory must resolve."""
+
+    def __init__(self, values: dict) -> None:
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_input_variables_are_exactly_the_names_the_inputs_are_read_from():
+    variables = RecordingVariables({**GOOD, "router_deb_pins": {"bookworm": {"haproxy": "2.6.12-1+deb12u4"}}})
+    kb.inputs_from_variables(variables)
+    assert variables.read == set(kb.INPUT_VARIABLES)
+    assert len(kb.INPUT_VARIABLES) == len(set(kb.INPUT_VARIABLES))
 
 
 def test_a_bad_pin_inside_a_release_names_the_release():
@@ -267,6 +311,16 @@ def test_a_bundle_without_the_checkpoint_is_named_when_one_is_wanted():
     ]
 
 
+def test_another_hf_cli_version_is_named_with_its_variable():
+    assert kb.compare_inputs(inputs(checkpoint_hf_version="2.3.0"), inputs()) == [
+        "hf_version (checkpoint_hf_version): the bundle has 2.3.0, the inventory wants 2.4.0"
+    ]
+    without = kb.inputs_from_variables({k: v for k, v in GOOD.items() if k != "checkpoint_hf_version"})
+    assert kb.compare_inputs(without, inputs()) == [
+        "hf_version (checkpoint_hf_version): the bundle has none, the inventory wants 2.4.0"
+    ]
+
+
 def test_another_distribution_and_inventory_are_named():
     bundle = inputs(
         kimi_bundle_inventory_name="site-b",
@@ -294,6 +348,7 @@ DIFFERENT_VALUES = {
     "pip_overrides": {"torch": "1.0"},
     "apt_packages": ("gcc",),
     "checkpoint": None,
+    "hf_version": "9.9",
 }
 
 
@@ -323,7 +378,7 @@ def test_manifest_entries_list_every_file_with_size_and_sha256_sorted(bundle):
 
 
 def test_files_are_hashed_in_blocks_and_the_size_is_of_the_bytes_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(kb, "HASH_BLOCK", 7)
+    monkeypatch.setattr(kbt, "HASH_BLOCK", 7)
     data = bytes(range(256)) * 3
     assert kb.hash_file(write(tmp_path, "blob", data)) == (768, sha(data))
 
@@ -437,7 +492,7 @@ def test_a_truncated_file_is_named_with_both_sizes_without_hashing_it(bundle, mo
     deb.write_bytes(deb.read_bytes()[:1234])
     hashed = []
     real_hash = kb.hash_file
-    monkeypatch.setattr(kb, "hash_file", lambda path: hashed.append(path.name) or real_hash(path))
+    monkeypatch.setattr(kbt, "hash_file", lambda path: hashed.append(path.name) or real_hash(path))
     assert kb.verify_tree(bundle, document) == [
         "apt/libnccl2_2.30.7-1+cuda13.3_amd64.deb: size 1234 bytes, the manifest says 3000 bytes"
     ]
@@ -542,6 +597,7 @@ WHEELS = [
     "wheels/nvidia_nccl_cu13-2.28.9-py3-none-manylinux_2_18_x86_64.whl",
     "wheels/six-1.17.0-py2.py3-none-any.whl",
     "wheels/local-1.0-cp311-cp311-linux_x86_64.whl",
+    "wheels/huggingface_hub-2.4.0-py3-none-any.whl",
 ]
 
 
@@ -566,6 +622,13 @@ def test_a_pinned_package_missing_from_the_wheelhouse_is_named_with_what_it_has(
         "bundle (it has 0.23.0)",
         "pip package flashinfer-python 0.5.2 (kimi_vllm_pip_overrides): no wheel for Python 3.11 on "
         "manylinux_2_36_x86_64 in the bundle",
+    ]
+
+
+def test_the_hf_cli_without_its_wheel_is_named_with_its_variable():
+    assert kb.wheelhouse_problems(WHEELS, inputs(checkpoint_hf_version="2.5.0")) == [
+        "pip package huggingface-hub 2.5.0 (checkpoint_hf_version): no wheel for Python 3.11 on "
+        "manylinux_2_36_x86_64 in the bundle (it has 2.4.0)"
     ]
 
 

@@ -396,3 +396,136 @@ def test_router_on_a_serving_node_with_a_clashing_port_is_refused():
 def test_no_router_hosts_means_no_router_problems():
     values = {**GOOD, "kimi_router_api_key_count": 0}
     assert ki.judge({"node1": values}, ["router"]) == []
+
+
+# ------------------------------------------------------------------------------------- the offline mirror
+
+FINGERPRINT = "2EF5 B607 163A 85FE C8C8  F7BD 01E2 C050 E168 3E6D"
+
+
+def mirror(inventory=None, **changes):
+    """The offline_mirror role's check of one mirror host, mirror1 (not a node, not a router, unless said)."""
+    values = {
+        "offline_mirror_bundle_path": "/media/bundle",
+        "offline_mirror_bundle_src": "",
+        "offline_mirror_fingerprint": FINGERPRINT,
+        "offline_mirror_root": "/srv/kimi-bundle",
+        "offline_mirror_port": 8081,
+        "offline_mirror_bind_address": "10.0.0.5",
+        "offline_mirror_inventory": {
+            "serving_node": False,
+            "router": False,
+            "mirror_hosts": ["mirror1"],
+            **(inventory or {}),
+        },
+    }
+    values.update(changes)
+    return ki.judge({"mirror1": values}, ["offline_mirror"], common=False)
+
+
+def test_good_offline_mirror_inputs_pass():
+    assert mirror() == []
+    assert mirror(offline_mirror_bundle_path="", offline_mirror_bundle_src="/home/op/bundle") == []
+    assert mirror(offline_mirror_bind_address="fd00::5", offline_mirror_port="8082") == []
+
+
+def test_neither_or_both_bundle_sources_are_refused_naming_both_variables_and_the_host():
+    neither = only(mirror(offline_mirror_bundle_path=""), "offline_mirror_bundle_path")
+    assert neither["text"].startswith(
+        "mirror1: offline_mirror_bundle_path and offline_mirror_bundle_src are both empty (needed by the "
+        "offline_mirror phase); set one: offline_mirror_bundle_path where the bundle already is on the mirror host"
+    )
+    both = only(mirror(offline_mirror_bundle_src="/home/op/bundle"), "offline_mirror_bundle_path")
+    assert "(/media/bundle) and offline_mirror_bundle_src (/home/op/bundle) are both set" in both["message"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "variable"),
+    [
+        ({"offline_mirror_bundle_path": "media/bundle"}, "offline_mirror_bundle_path"),
+        ({"offline_mirror_bundle_path": "", "offline_mirror_bundle_src": "bundle"}, "offline_mirror_bundle_src"),
+        ({"offline_mirror_root": "srv"}, "offline_mirror_root"),
+    ],
+)
+def test_relative_paths_are_refused(changes, variable):
+    assert "must be an absolute path" in only(mirror(**changes), variable)["message"]
+
+
+@pytest.mark.parametrize("fingerprint", ["", None, "01E2C050E1683E6D", FINGERPRINT + "0", "G" * 40])
+def test_a_fingerprint_that_is_not_40_hex_digits_is_refused(fingerprint):
+    found = only(mirror(offline_mirror_fingerprint=fingerprint), "offline_mirror_fingerprint")
+    assert found["text"].startswith("mirror1: offline_mirror_fingerprint is not the signing key's fingerprint, 40 hex")
+    assert "bin/kimi-bundle fingerprint" in found["fix"]
+
+
+@pytest.mark.parametrize("address", ["", "mirror.example", "10.0.0"])
+def test_a_bind_address_that_is_not_an_address_is_refused(address):
+    found = only(mirror(offline_mirror_bind_address=address), "offline_mirror_bind_address")
+    assert "kimi_host_ip" in found["fix"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "clash"),
+    [
+        ({"offline_mirror_port": 8000}, "kimi_api_port"),
+        ({"offline_mirror_port": "29501"}, "kimi_master_port"),
+        ({"offline_mirror_port": 9100}, "monitoring_node_exporter_port"),
+        ({"offline_mirror_port": 6379}, "ray_cluster_port"),
+        ({"offline_mirror_port": 13345}, "vllm_serve_data_parallel_rpc_port"),
+        ({"kimi_api_port": "8081"}, "kimi_api_port"),
+        ({"monitoring_prometheus_port": 8081}, "monitoring_prometheus_port"),
+    ],
+)
+def test_a_mirror_on_a_serving_node_must_not_take_a_port_the_node_uses(changes, clash):
+    found = only(mirror({"serving_node": True}, **changes), "offline_mirror_port")
+    port = ki.as_int(changes.get("offline_mirror_port", 8081))
+    assert found["text"].startswith(
+        f"mirror1: offline_mirror_port is {port}, which this host also uses as {clash} (it is a serving node as well "
+        "as the mirror)"
+    )
+    # The same port on a host that serves nothing is fine.
+    assert mirror(**changes) == []
+
+
+def test_a_mirror_that_is_also_the_router_must_not_take_its_port():
+    found = only(mirror({"router": True}, offline_mirror_port=443), "offline_mirror_port")
+    assert "also uses as kimi_router_port (it is a router as well" in found["message"]
+    assert only(mirror({"router": True}, offline_mirror_port=8443, kimi_router_port=8443), "offline_mirror_port")
+    assert mirror({"router": True}, offline_mirror_port=8000) == []
+
+
+@pytest.mark.parametrize("port", [0, 70000, "http", None])
+def test_a_mirror_port_out_of_range_is_refused(port):
+    assert "must be a port number" in only(mirror(offline_mirror_port=port), "offline_mirror_port")["message"]
+
+
+def test_one_mirror_host_per_site():
+    found = only(mirror({"mirror_hosts": ["mirror1", "mirror2"]}), "the kimi_offline_mirror group")
+    assert "has 2 hosts (mirror1, mirror2)" in found["message"]
+
+
+def test_a_serving_nodes_own_values_have_no_mirror_problems():
+    assert problems(phases=[*EVERY_PHASE, "offline_mirror"]) == []
+
+
+def test_the_mirror_check_leaves_out_the_cluster_values():
+    assert mirror(kimi_model="no-such-model") == []
+    assert [p["variable"] for p in ki.judge({"m": {}}, ["offline_mirror"])][:1] == ["kimi_model"]
+
+
+def test_the_node_ports_equal_the_role_defaults_and_the_mirror_port_is_free():
+    defaults = {}
+    for role in ("kimi", "vllm_serve", "ray_cluster", "monitoring", "offline_mirror"):
+        defaults.update(yaml.safe_load((paths.REPO_ROOT / f"roles/{role}/defaults/main.yml").read_text()))
+    assert {name: defaults[name] for name in ki.NODE_PORTS} == ki.NODE_PORTS
+    assert defaults["kimi_router_port"] == ki.ROUTER_PORT
+    assert defaults["offline_mirror_port"] == "{{ kimi_offline_mirror_port }}"
+    assert defaults["kimi_offline_mirror_port"] == ki.OFFLINE_MIRROR_PORT
+    # The lab's own mirrors (KIMI_LAB_HTTP_PORT, KIMI_LAB_HF_PORT defaults) are on the lab host, but stay clear.
+    taken = {*ki.NODE_PORTS.values(), ki.ROUTER_PORT, 8080, 8090}
+    assert ki.OFFLINE_MIRROR_PORT not in taken
+
+
+def test_the_mirror_role_hands_over_every_port_the_check_knows():
+    role_vars = yaml.safe_load((paths.REPO_ROOT / "roles/offline_mirror/vars/main.yml").read_text())
+    assert set(role_vars["offline_mirror_port_names"]) == {*ki.NODE_PORTS, "kimi_router_port"}
