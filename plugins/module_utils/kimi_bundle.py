@@ -7,7 +7,8 @@ manifest records every file's size and sha256 and the inputs the bundle was buil
 pip platforms, the apt and pip pins, the checkpoint, the inventory), so that
 
 - the mirror host checks sizes, then checksums, before serving anything (verify_tree);
-- preflight refuses a bundle built for other inputs, naming each difference (compare_inputs);
+- preflight refuses a bundle built for other inputs, naming each difference (compare_inputs; match_manifest
+  against the manifest the mirror serves);
 - the bundle's apt index and wheelhouse are checked against its pins (apt_index_problems, wheelhouse_problems);
 - building again after a pin bump fetches only what changed, and an interrupted build resumes (plan_fetches).
 
@@ -70,7 +71,10 @@ PYTHON_VERSION = "vllm_python_version"
 PLATFORMS = "vllm_platforms"
 DEB_PINS = "kimi_deb_pins"
 # Roles that pin their debs per release ({bookworm: {nftables: ...}}); only those the caller passes are read.
-RELEASE_DEB_PINS = ("firewall_deb_pins", "monitoring_deb_pins", "router_deb_pins")
+RELEASE_DEB_PINS = ("firewall_deb_pins", "monitoring_deb_pins", "router_deb_pins", "offline_mirror_deb_pins")
+# The roles' own pins that hold for every release: the driver and its fabric manager at the driver's version
+# (roles/nvidia_driver), NVIDIA's DCGM exporter and its core (roles/monitoring), from NVIDIA's repository.
+ROLE_DEB_PINS = ("nvidia_driver_pins", "monitoring_dcgm_pins")
 APT_PACKAGES = "kimi_bundle_apt_packages"
 PIP_PINS = "kimi_vllm_pip_pins"
 PIP_OVERRIDES = "kimi_vllm_pip_overrides"
@@ -93,6 +97,7 @@ INPUT_VARIABLES = (
     PLATFORMS,
     DEB_PINS,
     *RELEASE_DEB_PINS,
+    *ROLE_DEB_PINS,
     APT_PACKAGES,
     PIP_PINS,
     PIP_OVERRIDES,
@@ -369,6 +374,9 @@ def _release_pins(variables: Mapping[str, Any], codename: str | None, collect: _
     for variable in RELEASE_DEB_PINS:
         if variable in variables and codename is not None:
             sources[variable] = collect.take(_release_deb_pins, variables[variable], variable, codename) or {}
+    for variable in ROLE_DEB_PINS:
+        if variable in variables:
+            sources[variable] = collect.take(_deb_pins, variables[variable], variable) or {}
     return sources
 
 
@@ -613,6 +621,51 @@ def manifest_inputs(document: Mapping[str, Any]) -> BuildInputs:
         return inputs_from_dict(document.get("built_for"))
     except BundleInputError as error:
         raise ManifestError(f"{MANIFEST_NAME}: {error}") from None
+
+
+# ------------------------------------------------------------------------- the served bundle against a node
+
+
+@dataclass(frozen=True)
+class BundleMatch:
+    """A served bundle against one node: the inputs digest its manifest records, and every difference between
+    what it was built for and the node's inputs (compare_inputs' lines; none: built for exactly these inputs)."""
+
+    inputs_sha256: str
+    differences: list[str]
+
+
+def match_manifest(text: str, variables: Mapping[str, Any]) -> BundleMatch:
+    """The manifest `text` (as the mirror serves it) against one node's resolved `variables` (INPUT_VARIABLES).
+
+    The manifest goes through read_manifest first, so a built_for edited after the build never counts as what the
+    bundle holds (ManifestError); the node's values are judged as a build judges them (BundleInputError names each
+    bad variable), so a value no bundle could be built for is named as such, not as a difference."""
+    bundle = manifest_inputs(read_manifest(text))
+    return BundleMatch(bundle.inputs_sha256(), compare_inputs(bundle, inputs_from_variables(variables)))
+
+
+def mismatch_message(host: str, source: str, differences: Sequence[str]) -> str:
+    """The refusal of a bundle built for other inputs: the node, the manifest's address, every difference (each
+    names the variable and both values), and the two ways out."""
+    count = f"{len(differences)} difference{'s' if len(differences) != 1 else ''}"
+    return (
+        f"{host}: the bundle at {source} was built for other inputs than this node's ({count}), so nothing is "
+        f"installed from it: {'; '.join(differences)}. Build and serve a bundle for this inventory "
+        "(bin/kimi-bundle build -i INVENTORY), or set these variables as the bundle has them."
+    )
+
+
+def bad_node_inputs_message(host: str, error: BundleInputError) -> str:
+    """The refusal of a node whose own values no bundle could be built for (bin/kimi-bundle build refuses them
+    too), each bad variable named."""
+    problems = "; ".join(f"{variable} {message}" for variable, message in error.problems)
+    return f"{host}: the bundle cannot be matched against this node's values, which no bundle is built for: {problems}"
+
+
+def bad_manifest_message(host: str, source: str, error: BundleError) -> str:
+    """The refusal of a manifest this collection cannot read or trust (not JSON, another schema, edited)."""
+    return f"{host}: {source} is not a bundle manifest this collection can use, nothing is installed from it: {error}"
 
 
 # ------------------------------------------------------------------------------- the bundle's contents

@@ -26,6 +26,10 @@ from tests import paths
 REPO_ROOT = paths.REPO_ROOT
 KIMI_BUNDLE = REPO_ROOT / "bin" / "kimi-bundle"
 PLAYBOOK = yaml.safe_load((REPO_ROOT / "playbooks" / "bundle_inputs.yml").read_text())[0]
+# The variables read and each node's values of them, shared by the build's play and the served bundle's check.
+INPUT_VARS_FILE = "vars/bundle_inputs.yml"
+INPUT_VARS = yaml.safe_load((REPO_ROOT / "playbooks" / INPUT_VARS_FILE).read_text())
+MATCH_PLAY = yaml.safe_load((REPO_ROOT / "playbooks" / "offline_mirror.yml").read_text())[1]
 VARIABLES = {
     "kimi_bundle_inventory_name": "site-a",
     "kimi_bundle_distribution": "debian-12",
@@ -376,11 +380,29 @@ def test_bin_kimi_bundle_runs_with_this_python_and_shows_its_commands():
 
 
 def test_the_playbook_resolves_exactly_the_variables_kimi_bundle_reads():
-    play_vars = PLAYBOOK["vars"]
-    role_pins = re.findall(r"'(\w+_deb_pins)'", play_vars["kimi_bundle_read_role_pins"])
-    read = [*play_vars["kimi_bundle_read_always"], *role_pins, *play_vars["kimi_bundle_read_checkpoint"]]
+    role_pins = re.findall(r"'(\w+_pins)'", INPUT_VARS["kimi_bundle_read_role_pins"])
+    read = [*INPUT_VARS["kimi_bundle_read_always"], *role_pins, *INPUT_VARS["kimi_bundle_read_checkpoint"]]
     assert sorted(read) == sorted(kb.INPUT_VARIABLES) and len(read) == len(set(read))
-    assert role_pins == list(kb.RELEASE_DEB_PINS)
+    assert role_pins == [*kb.RELEASE_DEB_PINS, *kb.ROLE_DEB_PINS]
+
+
+def test_the_build_and_the_served_bundles_check_resolve_the_same_values_the_same_way():
+    """One list, one expression: a served bundle is compared with exactly what a build of it would read."""
+    for play in (PLAYBOOK, MATCH_PLAY):
+        assert play["vars_files"] == [INPUT_VARS_FILE], play["name"]
+        # No play variable of either shadows the shared ones.
+        assert not set(play.get("vars", {})) & set(INPUT_VARS), play["name"]
+        assert play["gather_facts"] is False
+        assert [(role["role"], role["when"]) for role in play["roles"]] == [
+            (role["role"], False) for role in PLAYBOOK["roles"]
+        ]
+    (resolve,) = [
+        task for task in PLAYBOOK["tasks"] if task["name"] == "Resolve each node's bundle inputs (on the controller)"
+    ]
+    assert resolve["ansible.builtin.set_fact"] == {"kimi_bundle_resolved": "{{ kimi_bundle_node_inputs }}"}
+    (match,) = [task for task in MATCH_PLAY["tasks"] if "kimi.k2.kimi_bundle_match" in task]
+    assert match["kimi.k2.kimi_bundle_match"]["variables"] == "{{ kimi_bundle_node_inputs }}"
+    assert match["delegate_to"] == "localhost"
 
 
 def test_the_playbook_contacts_no_node_and_runs_no_role_task():

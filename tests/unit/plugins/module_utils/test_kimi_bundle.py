@@ -479,6 +479,100 @@ def test_a_manifest_that_is_not_json_is_refused():
         kb.read_manifest("{")
 
 
+# ------------------------------------------------------------------------- the served bundle against a node
+
+
+def served(**changes: object) -> str:
+    """The manifest a mirror serves for a bundle built for GOOD with `changes` (no files: only built_for counts)."""
+    return kb.manifest_text(kb.manifest_document(inputs(**changes), [], CREATED))
+
+
+def test_a_bundle_built_for_the_nodes_values_matches_and_names_its_inputs_digest():
+    match = kb.match_manifest(served(), GOOD)
+    assert match == kb.BundleMatch(inputs().inputs_sha256(), [])
+
+
+def test_a_bundle_built_for_another_pin_set_names_each_variable_and_both_values():
+    text = served(
+        kimi_vllm_pip_pins={"vllm": "0.23.1", "nvidia-nccl-cu13": "2.28.9"},
+        kimi_deb_pins={**GOOD["kimi_deb_pins"], "libnccl2": "2.30.8-1+cuda13.3"},
+    )
+    match = kb.match_manifest(text, GOOD)
+    assert match.differences == [
+        "apt package libnccl2 (kimi_deb_pins): the bundle has 2.30.8-1+cuda13.3, the inventory pins 2.30.7-1+cuda13.3",
+        "pip package vllm (kimi_vllm_pip_pins): the bundle has 0.23.1, the inventory pins 0.23.0",
+    ]
+    assert match.inputs_sha256 != inputs().inputs_sha256()
+    assert kb.mismatch_message("node1", "http://mirror:8081/kimi-bundle.json", match.differences) == (
+        "node1: the bundle at http://mirror:8081/kimi-bundle.json was built for other inputs than this node's "
+        "(2 differences), so nothing is installed from it: apt package libnccl2 (kimi_deb_pins): the bundle has "
+        "2.30.8-1+cuda13.3, the inventory pins 2.30.7-1+cuda13.3; pip package vllm (kimi_vllm_pip_pins): the bundle "
+        "has 0.23.1, the inventory pins 0.23.0. Build and serve a bundle for this inventory (bin/kimi-bundle build "
+        "-i INVENTORY), or set these variables as the bundle has them."
+    )
+
+
+def test_a_bundle_for_another_release_and_inventory_names_them_by_variable():
+    other_release = {
+        "kimi_bundle_inventory_name": "site-b",
+        "kimi_bundle_distribution": "ubuntu-24.04",
+        "kimi_bundle_codename": "noble",
+        "firewall_deb_pins": {"noble": {"nftables": "1.0.6-2+deb12u2"}},
+        "monitoring_deb_pins": {"noble": {"prometheus": "2.42.0+ds-5+deb12u1"}},
+    }
+    assert kb.match_manifest(served(**other_release), GOOD).differences == [
+        "inventory_name (kimi_bundle_inventory_name): the bundle has site-b, the inventory wants site-a",
+        "distribution (kimi_bundle_distribution): the bundle has ubuntu-24.04, the inventory wants debian-12",
+        "codename (kimi_bundle_codename): the bundle has noble, the inventory wants bookworm",
+    ]
+    one = kb.mismatch_message("node1", "kimi-bundle.json", ["codename (kimi_bundle_codename): the bundle has noble"])
+    assert "(1 difference)," in one
+
+
+def test_a_pin_written_otherwise_is_the_same_bundle():
+    """Ansible hands the node's values over as the inventory writes them; PEP 503 names and PEP 440 versions match."""
+    variables = {**GOOD, "kimi_vllm_pip_pins": {"VLLM": "0.23", "nvidia_nccl_cu13": "2.28.9"}}
+    assert kb.match_manifest(served(), variables).differences == []
+
+
+def test_a_built_for_edited_after_the_build_is_refused_as_a_manifest_before_it_is_compared():
+    document = json.loads(served())
+    document["built_for"]["pip_pins"]["vllm"] = "0.23.1"
+    with pytest.raises(kb.ManifestError) as caught:
+        kb.match_manifest(json.dumps(document), {**GOOD, "kimi_vllm_pip_pins": {"vllm": "0.23.1"}})
+    assert "built_for.inventory.sha256 is" in str(caught.value) and "(edited after the build?)" in str(caught.value)
+    message = kb.bad_manifest_message("node1", "http://mirror:8081/kimi-bundle.json", caught.value)
+    assert message.startswith(
+        "node1: http://mirror:8081/kimi-bundle.json is not a bundle manifest this collection can use, nothing is "
+        "installed from it: kimi-bundle.json: built_for.inventory.sha256 is "
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<html>404 Not Found</html>", "kimi-bundle.json is not JSON"),
+        ('{"schema": 9, "kind": "other"}', "kimi-bundle.json: schema 9 of kind 'other' is not one this collection"),
+    ],
+)
+def test_a_page_that_is_no_manifest_is_refused_by_name(text, expected):
+    with pytest.raises(kb.ManifestError, match=re.escape(expected)):
+        kb.match_manifest(text, GOOD)
+
+
+def test_node_values_no_bundle_is_built_for_are_named_not_compared():
+    variables = {**GOOD, "kimi_bundle_distribution": "", "vllm_python_version": 3.12}
+    with pytest.raises(kb.BundleInputError) as caught:
+        kb.match_manifest(served(), variables)
+    assert caught.value.variables == ["kimi_bundle_distribution", "vllm_python_version"]
+    message = kb.bad_node_inputs_message("node2", caught.value)
+    assert message.startswith(
+        "node2: the bundle cannot be matched against this node's values, which no bundle is built for: "
+        "kimi_bundle_distribution must be NAME-VERSION"
+    )
+    assert "; vllm_python_version must be a quoted string" in message
+
+
 # ----------------------------------------------------------------------------------------- verification
 
 
