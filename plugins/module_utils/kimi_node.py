@@ -3,6 +3,7 @@
 Pure stdlib, read from /proc, /sys and the kernel's socket tables, so the same code runs on a GPU node, a lab
 node and in unit tests (every reader takes its root directory, and tests point it at a fixture tree).
 kimi_stack reads interfaces through read_links here too, so this must stay importable on the nodes' Python.
+The apt sources (read only when asked: preflight needs them with an offline mirror) come from kimi_apt_sources.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import socket
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from .kimi_apt_sources import read_apt_sources
 
 TCP_LISTEN_STATE = "0A"
 
@@ -220,9 +223,10 @@ def gather(
     shm_path: str,
     ports: list[int],
     describe_pids: list[int],
+    apt_etc_path: str | None = None,
 ) -> dict[str, Any]:
-    """Everything preflight evaluates for one node, in one pass."""
-    return {
+    """Everything preflight evaluates for one node, in one pass; its apt sources too when apt_etc_path is given."""
+    facts = {
         "memory_total_bytes": memory_total_bytes(),
         "cpu_count": os.cpu_count() or 0,
         "data": filesystem_usage(data_path),
@@ -233,3 +237,6 @@ def gather(
         "processes": {str(pid): describe_pid(pid) for pid in describe_pids},
         "hostname": socket.gethostname(),
     }
+    if apt_etc_path is not None:
+        facts["apt_sources"] = read_apt_sources(Path(apt_etc_path))
+    return facts

@@ -2,20 +2,34 @@
 
 Each check yields a cell per host: ``ok``, ``warn``, ``fail`` or ``n/a`` with a short text. A failing cell's
 text names the check and both numbers (needed vs found), so the play's message reads on its own. On CPU lab
-nodes the GPU checks are replaced by their CPU equivalents (cores, RAM for the KV cache), not skipped.
+nodes the GPU checks are replaced by their CPU equivalents (cores, RAM for the KV cache), not skipped. With an
+offline mirror (air-gapped site), apt_sources refuses every apt source a node has besides the mirror, so that no
+apt-get update later waits on a source it cannot reach.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from .kimi_node import matches_any
 from .kimi_presets import PlanInputError, find_gpu, find_model
 
 GIB = 1024**3
 MIB = 1024**2
-CHECKS = ("devices", "driver", "memory", "shm", "data_disk", "interfaces", "host_ip", "ports", "device_processes")
+CHECKS = (
+    "devices",
+    "driver",
+    "memory",
+    "shm",
+    "data_disk",
+    "interfaces",
+    "host_ip",
+    "ports",
+    "device_processes",
+    "apt_sources",
+)
 
 
 @dataclass
@@ -40,6 +54,8 @@ class Requirements:
     data_margin_bytes: int = 0
     interfaces: list[str] = field(default_factory=list)
     own_units: list[str] = field(default_factory=list)
+    offline_mirror_url: str = ""  # air-gapped site: the one URL every apt source must be under; "" checks nothing
+    apt_sources_managed: list[str] = field(default_factory=list)  # source files the converge rewrites to the mirror
 
 
 @dataclass
@@ -200,6 +216,69 @@ def check_device_processes(req: Requirements, node: dict, gpu: dict | None) -> C
     return Cell("ok", "no foreign GPU processes")
 
 
+def _normalised_url(url: str) -> str:
+    """Scheme and host in lower case (they are case-insensitive), the path without trailing slashes."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL urllib reads (cdrom://[Debian GNU/Linux ...]): compared as written
+        return url.rstrip("/")
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
+
+
+def on_mirror(uri: str, mirror_url: str) -> bool:
+    """Whether apt fetches ``uri`` from the offline mirror: the mirror's URL itself or a path below it (a path
+    segment boundary, so http://m:8081 does not cover http://m:80810)."""
+    uri, mirror = _normalised_url(uri), _normalised_url(mirror_url)
+    return uri == mirror or uri.startswith(mirror + "/")
+
+
+def _is_local(uri: str) -> bool:
+    """file: sources read the node's own disk (the mirror host's source of the bundle it serves)."""
+    return uri.lower().startswith("file:")
+
+
+def foreign_apt_sources(req: Requirements, sources: list[dict]) -> list[dict]:
+    """The sources an air-gapped node cannot reach: not on the mirror, not file:, not in a file the converge
+    rewrites (nvidia_repo points its own at the mirror in the stack phase)."""
+    return [
+        source
+        for source in sources
+        if source["file"] not in req.apt_sources_managed
+        and not _is_local(source["uri"])
+        and not on_mirror(source["uri"], req.offline_mirror_url)
+    ]
+
+
+def _named_by_file(sources: list[dict]) -> tuple[str, int]:
+    """'FILE names URI (line N), URI (lines N, M); FILE2 names ...' in apt's order, and how many (file, URI) pairs:
+    a deb and a deb-src line of one URI are one thing to remove."""
+    lines: dict[str, dict[str, list[str]]] = {}
+    for source in sources:
+        lines.setdefault(source["file"], {}).setdefault(source["uri"], []).append(str(source["line"]))
+    text = "; ".join(
+        f"{file} names "
+        + ", ".join(f"{uri} (line{'s' if len(at) > 1 else ''} {', '.join(at)})" for uri, at in uris.items())
+        for file, uris in lines.items()
+    )
+    return text, sum(len(uris) for uris in lines.values())
+
+
+def check_apt_sources(req: Requirements, node: dict) -> Cell:
+    if not req.offline_mirror_url:
+        return Cell("n/a", "no offline mirror: the node's own apt sources apply")
+    if "apt_sources" not in node:
+        return Cell("fail", "apt sources were not read (kimi_node_info needs apt_sources: true with an offline mirror)")
+    foreign = foreign_apt_sources(req, node["apt_sources"])
+    if not foreign:
+        return Cell("ok", "no apt source besides the offline mirror")
+    named, count = _named_by_file(foreign)
+    return Cell(
+        "fail",
+        f"{named}: remove or disable {'it' if count == 1 else 'them'}: an air-gapped node's only apt source is the"
+        f" offline mirror {req.offline_mirror_url} (docs/air-gapped.md)",
+    )
+
+
 def evaluate_host(req: Requirements, expect: HostExpectation, node: dict, gpu: dict | None) -> dict[str, Cell]:
     return {
         "devices": check_devices(req, node, gpu),
@@ -211,6 +290,7 @@ def evaluate_host(req: Requirements, expect: HostExpectation, node: dict, gpu: d
         "host_ip": check_host_ip(expect, node),
         "ports": check_ports(req, expect, node),
         "device_processes": check_device_processes(req, node, gpu),
+        "apt_sources": check_apt_sources(req, node),
     }
 
 

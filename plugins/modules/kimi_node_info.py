@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: the node facts preflight checks (memory, disks, interfaces, ports and their holders)."""
+"""Ansible module: the node facts preflight checks (memory, disks, interfaces, ports and their holders, apt sources)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ description:
     bytes of checkpoint already on disk, /dev/shm size, every network interface with its state and IPv4
     addresses, and whether each given TCP port can be bound (and which processes, with their systemd
     units, hold it when not).
+  - With I(apt_sources), also every enabled apt source URI with the file and line it comes from, read as apt reads
+    them (sources.list, and the *.list and deb822 *.sources files of sources.list.d), for preflight's check that an
+    air-gapped node has no source but the offline mirror.
   - Read-only; identical in check mode.
 options:
   data_path:
@@ -35,6 +38,16 @@ options:
     type: list
     elements: int
     default: []
+  apt_sources:
+    description: Read the node's enabled apt sources (returned as C(apt_sources)).
+    type: bool
+    default: false
+  apt_etc_path:
+    description: >-
+      apt's configuration directory (Dir::Etc), holding sources.list and sources.list.d; read only with
+      I(apt_sources).
+    type: str
+    default: /etc/apt
 author:
   - Kimi K2 deployment collection
 extends_documentation_fragment:
@@ -48,6 +61,12 @@ EXAMPLES = r"""
     data_path: /data
     checkpoint_dir: /data/models/Kimi-K2.7-Code
     ports: [8000, 29501]
+  register: node_facts
+
+- name: Gather node facts and the apt sources (an air-gapped site's preflight)
+  kimi_node_info:
+    data_path: /data
+    apt_sources: true
   register: node_facts
 """
 
@@ -84,6 +103,12 @@ processes:
   description: PID (as a string) to cmdline, unit and exists.
   returned: success
   type: dict
+apt_sources:
+  description: >-
+    Every enabled apt source URI, in apt's order, as C(file), C(line) (the entry's, or its URIs field's) and C(uri).
+  returned: when apt_sources is true
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -102,6 +127,8 @@ def main() -> None:
             "shm_path": {"type": "str", "default": "/dev/shm"},
             "ports": {"type": "list", "elements": "int", "default": []},
             "describe_pids": {"type": "list", "elements": "int", "default": []},
+            "apt_sources": {"type": "bool", "default": False},
+            "apt_etc_path": {"type": "str", "default": "/etc/apt"},
         },
         supports_check_mode=True,
     )
@@ -113,6 +140,7 @@ def main() -> None:
             params["shm_path"],
             params["ports"],
             params["describe_pids"],
+            apt_etc_path=params["apt_etc_path"] if params["apt_sources"] else None,
         )
     except (OSError, ValueError) as error:
         module.fail_json(msg=f"could not read node facts: {error}")

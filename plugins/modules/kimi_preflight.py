@@ -10,16 +10,20 @@ short_description: Check every node's facts against what the deployment needs; o
 description:
   - Runs once on the controller with the facts of all nodes (from M(kimi_node_info) and M(kimi_gpu_info)).
   - Produces a table with a row per node and a column per check (devices, driver, memory, shm, data_disk,
-    interfaces, host_ip, ports, device_processes), writes it as JSON when I(report_path) is set, and fails
-    with every failing cell (host, check, needed and found) unless all pass.
+    interfaces, host_ip, ports, device_processes, apt_sources), writes it as JSON when I(report_path) is set, and
+    fails with every failing cell (host, check, needed and found) unless all pass.
   - On CPU lab nodes (I(requirements.accelerator=cpu)) the GPU checks are replaced by CPU equivalents.
+  - With I(requirements.offline_mirror_url) (an air-gapped site), apt_sources fails a node with any apt source
+    (from M(kimi_node_info) with C(apt_sources=true)) that is not under that URL and not C(file:), naming the file
+    and the URI; files in I(requirements.apt_sources_managed) are skipped. Without it the column is n/a.
 options:
   requirements:
     description: >-
       What every node needs. Keys: accelerator (nvidia|cpu), gpus_per_node, gpu_name, gpu_memory_mib,
       driver_version_prefix, ram_gpu_factor, cpu_ram_per_rank_bytes, shm_min_bytes, data_required_bytes,
       data_margin_bytes, interfaces (list), own_units (list of unit name patterns whose ports and GPU memory
-      are ours).
+      are ours), offline_mirror_url (the air-gapped site's mirror; empty skips the apt sources check),
+      apt_sources_managed (list of apt source files the converge itself points at the mirror).
     type: dict
     required: true
   hosts:

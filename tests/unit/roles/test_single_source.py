@@ -155,3 +155,22 @@ def test_no_role_falls_back_on_a_copy_of_another_roles_default(path):
 )
 def test_the_fallback_scan_finds_copies_and_only_copies(role, text, expected):
     assert len(foreign_fallbacks(role, text)) == expected
+
+
+# ---------------------------------------------------------------- the apt source file nvidia_repo writes
+def deb822_sources_file(name: str) -> str:
+    """Where ansible.builtin.deb822_repository writes repository `name`: lower case, runs of '_' and blanks as '-',
+    anything else but [a-z0-9-] dropped."""
+    slug = re.sub(r"[^a-z0-9-]+", "", re.sub(r"[_\s]+", "-", name.lower()))
+    return f"/etc/apt/sources.list.d/{slug}.sources"
+
+
+def test_preflight_skips_the_very_apt_source_file_nvidia_repo_writes():
+    """preflight_apt_sources_managed names nvidia_repo's file by path (that role has no variable for it): a rename
+    of the repository there must fail here, not leave an air-gapped preflight refusing the file the converge owns."""
+    tasks = yaml.safe_load((ROLES / "nvidia_repo" / "tasks" / "main.yml").read_text())
+    module = "ansible.builtin.deb822_repository"
+    names = [task[module]["name"] for task in tasks if module in task]
+    written = [deb822_sources_file(name) for name in names]
+    preflight = yaml.safe_load((ROLES / "preflight" / "defaults" / "main.yml").read_text())
+    assert preflight["preflight_apt_sources_managed"] == written

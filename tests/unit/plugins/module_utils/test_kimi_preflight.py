@@ -4,6 +4,7 @@ import copy
 import socket
 
 import pytest
+from ansible.module_utils.kimi_apt_sources import read_apt_sources
 from ansible.module_utils.kimi_node import (
     directory_bytes,
     filesystem_usage,
@@ -12,7 +13,9 @@ from ansible.module_utils.kimi_node import (
     port_status,
     unit_from_cgroup,
 )
-from ansible.module_utils.kimi_preflight import GIB, HostExpectation, Requirements, evaluate
+from ansible.module_utils.kimi_preflight import CHECKS, GIB, HostExpectation, Requirements, evaluate, on_mirror
+
+from tests.paths import FIXTURES
 
 H100_MIB = 81559
 
@@ -71,7 +74,9 @@ def judge(req=None, node=None, gpu=None, host_ip="10.20.0.11", ports=None):
 def test_a_healthy_h100_node_passes_every_check():
     verdict = judge()
     assert verdict["passed"], verdict["failures"]
-    assert {cell["status"] for cell in verdict["table"]["gn1"].values()} == {"ok"}
+    # Without an offline mirror the apt sources are the node's own business: not applicable, like a CPU's driver.
+    statuses = {name: cell["status"] for name, cell in verdict["table"]["gn1"].items()}
+    assert statuses == {**dict.fromkeys(CHECKS, "ok"), "apt_sources": "n/a"}
     assert verdict["summary_lines"][0].split() == [
         "node",
         "devices",
@@ -83,6 +88,7 @@ def test_a_healthy_h100_node_passes_every_check():
         "host_ip",
         "ports",
         "device_processes",
+        "apt_sources",
     ]
 
 
@@ -233,3 +239,108 @@ def test_a_listening_port_is_reported_with_this_process_as_holder():
 )
 def test_unit_from_cgroup(text, unit):
     assert unit_from_cgroup(text) == unit
+
+
+# apt sources in an air-gapped site: only the offline mirror (and file:) may remain.
+
+MIRROR = "http://10.0.0.5:8081/"
+NVIDIA_SOURCES = "/etc/apt/sources.list.d/nvidia-cuda.sources"
+
+
+def offline_requirements(**changes) -> Requirements:
+    return nvidia_requirements(offline_mirror_url=MIRROR, apt_sources_managed=[NVIDIA_SOURCES], **changes)
+
+
+def node_with_sources(*sources: tuple[str, int, str]) -> dict:
+    node = h100_node_facts()
+    node["apt_sources"] = [{"file": file, "line": line, "uri": uri} for file, line, uri in sources]
+    return node
+
+
+def apt_cell(req: Requirements, node: dict) -> dict:
+    return judge(req=req, node=node)["table"]["gn1"]["apt_sources"]
+
+
+def test_without_an_offline_mirror_apt_sources_are_not_applicable_whatever_the_node_has():
+    node = node_with_sources(("/etc/apt/sources.list", 1, "http://deb.debian.org/debian"))
+    assert apt_cell(nvidia_requirements(), node)["status"] == "n/a"
+    assert apt_cell(nvidia_requirements(), h100_node_facts())["status"] == "n/a"  # not even read
+
+
+def test_a_node_whose_sources_are_the_mirror_file_or_the_managed_file_passes():
+    node = node_with_sources(
+        ("/etc/apt/sources.list.d/kimi-offline.sources", 3, "http://10.0.0.5:8081/apt/"),
+        ("/etc/apt/sources.list.d/kimi-offline-2.list", 1, "HTTP://10.0.0.5:8081/apt"),  # scheme and host any case
+        ("/etc/apt/sources.list.d/kimi-bundle.sources", 2, "file:/var/lib/kimi-bundle/releases/abc/apt"),
+        (NVIDIA_SOURCES, 3, "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"),
+    )
+    verdict = judge(req=offline_requirements(), node=node)
+    assert verdict["passed"], verdict["failures"]
+    assert verdict["table"]["gn1"]["apt_sources"] == {
+        "status": "ok",
+        "text": "no apt source besides the offline mirror",
+    }
+
+
+def test_a_node_without_any_apt_source_passes():
+    assert apt_cell(offline_requirements(), node_with_sources())["status"] == "ok"
+
+
+def test_debian_sources_fail_naming_the_node_the_file_each_uri_and_what_to_do():
+    node = h100_node_facts()
+    node["apt_sources"] = read_apt_sources(FIXTURES / "apt_sources" / "debian-12")
+    file = FIXTURES / "apt_sources" / "debian-12" / "sources.list.d" / "debian.sources"
+    verdict = judge(req=offline_requirements(), node=node)
+    assert verdict["failures"] == [
+        f"gn1: apt_sources: {file} names http://deb.debian.org/debian (line 3), http://deb.debian.org/debian-security"
+        " (line 10): remove or disable them: an air-gapped node's only apt source is the offline mirror"
+        " http://10.0.0.5:8081/ (docs/air-gapped.md)"
+    ]
+
+
+def test_one_uri_on_a_deb_and_a_deb_src_line_is_one_thing_to_remove():
+    node = node_with_sources(
+        ("/etc/apt/sources.list", 2, "http://apt.corp.example/debian"),
+        ("/etc/apt/sources.list", 3, "http://apt.corp.example/debian"),
+        ("/etc/apt/sources.list.d/kimi-offline.sources", 3, "http://10.0.0.5:8081/apt/"),
+    )
+    cell = apt_cell(offline_requirements(), node)
+    assert cell["status"] == "fail"
+    assert cell["text"].startswith(
+        "/etc/apt/sources.list names http://apt.corp.example/debian (lines 2, 3): remove or disable it: "
+    )
+
+
+def test_the_managed_file_is_skipped_by_its_exact_path_only():
+    nvidia = "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+    node = node_with_sources(("/etc/apt/sources.list.d/nvidia-cuda.list", 1, nvidia))
+    assert "nvidia-cuda.list names " + nvidia in apt_cell(offline_requirements(), node)["text"]
+    # The path comes from the role (preflight_apt_sources_managed): none given, none skipped.
+    node = node_with_sources((NVIDIA_SOURCES, 3, nvidia))
+    assert apt_cell(nvidia_requirements(offline_mirror_url=MIRROR), node)["status"] == "fail"
+
+
+def test_facts_read_without_apt_sources_fail_instead_of_passing_unseen():
+    cell = apt_cell(offline_requirements(), h100_node_facts())
+    assert cell == {
+        "status": "fail",
+        "text": "apt sources were not read (kimi_node_info needs apt_sources: true with an offline mirror)",
+    }
+
+
+@pytest.mark.parametrize(
+    ("uri", "mirror", "expected"),
+    [
+        ("http://10.0.0.5:8081/apt/", "http://10.0.0.5:8081/", True),
+        ("http://10.0.0.5:8081/apt", "http://10.0.0.5:8081", True),
+        ("http://10.0.0.5:8081", "http://10.0.0.5:8081/", True),
+        ("http://mirror.site.example:8081/apt/", "http://Mirror.Site.Example:8081/", True),
+        ("http://10.0.0.5:80810/apt/", "http://10.0.0.5:8081/", False),  # a prefix of the port is another host
+        ("http://10.0.0.5:8081/aptx/", "http://10.0.0.5:8081/apt/", False),  # a prefix of a path segment
+        ("https://10.0.0.5:8081/apt/", "http://10.0.0.5:8081/", False),
+        ("http://10.0.0.50:8081/apt/", "http://10.0.0.5:8081/", False),
+        ("cdrom://[Debian GNU/Linux 12.5.0]/", "http://10.0.0.5:8081/", False),  # urllib cannot split it
+    ],
+)
+def test_on_mirror_compares_whole_hosts_and_path_segments(uri, mirror, expected):
+    assert on_mirror(uri, mirror) is expected
