@@ -136,8 +136,8 @@ demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 bench: venv ## Print the benchmark figures
 	@for b in bench/bench_*.py; do [ -e "$$b" ] && $(PY) $$b; done
 
-# The lab inventory's air-gapped bundle (docs/air-gapped.md), built from the lab's cached mirrors (make lab-build;
-# no running lab needed): its apt repositories (flat and unsigned, so trusted=yes) and its wheelhouse, found by
+# The air-gapped lab's bundle (inventories/lab with inventories/lab-offline, whose node1 serves it; docs/air-gapped.md),
+# built from the lab's cached mirrors (make lab-build; no running lab needed): its apt repositories (flat and unsigned, so trusted=yes) and its wheelhouse, found by
 # labctl as lab/lab finds them. Without a running lab inventories/lab has no hosts.yml, so a stand-in names one
 # node (never contacted: bundle_inputs.yml runs on the controller alone). The key in BUNDLE_GNUPG is made on the
 # first build and kept, so the fingerprint receivers pin stays the same.
@@ -160,7 +160,7 @@ export LAB_BUNDLE_SOURCES
 
 bundle: venv ## Build the lab inventory's signed offline bundle into BUNDLE_OUT from the lab's cached mirrors
 	@sources=$$($(PY) -c "$$LAB_BUNDLE_SOURCES"); readarray -t flags <<< "$$sources"; \
-	inventory=(-i inventories/lab); \
+	inventory=(-i inventories/lab -i inventories/lab-offline); \
 	if [ ! -f inventories/lab/hosts.yml ]; then \
 		mkdir -p $(dir $(BUNDLE_STANDIN)); \
 		printf 'kimi_nodes:\n  hosts:\n    node1:\n      ansible_host: 127.0.0.1\n      ansible_port: 9\n' > $(BUNDLE_STANDIN); \

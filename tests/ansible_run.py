@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,11 +85,13 @@ def run_playbook(
     envvars: dict[str, str] | None = None,
     timeout: int = 1800,
     project_dir: Path = REPO_ROOT,
+    more_inventories: Sequence[str | Path] = (),
 ) -> PlayResult:
     """Run one playbook with the project's ansible.cfg and collect its events.
 
     It runs from the repository root unless `project_dir` says otherwise (a user's own project, whose
-    ansible.cfg `envvars` then names as ANSIBLE_CONFIG).
+    ansible.cfg `envvars` then names as ANSIBLE_CONFIG). `more_inventories` come after `inventory`, as further
+    `-i` sources do for ansible-playbook: their variables win.
     """
     cmdline = []
     if check:
@@ -111,7 +114,7 @@ def run_playbook(
             private_data_dir=private_dir,
             project_dir=str(project_dir),
             playbook=str(Path(playbook).resolve()),
-            inventory=str(Path(inventory).resolve()),
+            inventory=[str(Path(source).resolve()) for source in (inventory, *more_inventories)],
             extravars=extravars or {},
             tags=tags,
             skip_tags=skip_tags,

@@ -49,6 +49,8 @@ LAB_FILE_ORDER = (
     "test_site_then_drift.py",
     "test_site_then_lifecycle.py",
     "test_site_then_heal.py",
+    # Reuses the converge, then leaves the nodes installing from node1's offline mirror.
+    "test_site_offline.py",
     # Last: it reshapes the lab into two replicas behind a router.
     "test_front_door.py",
 )

@@ -18,6 +18,7 @@ from labctl.cli import REQUIRED_PROGRAMS
 from labctl.settings import REPO_ROOT, node_address
 
 from tests.ansible_run import run_playbook
+from tests.lab_api import fetch_status
 
 pytestmark = pytest.mark.lab
 
@@ -260,12 +261,6 @@ def test_cut_then_heal(lab):
         assert lab.run("heal", "node1").returncode == 0
     assert wait_for(lambda: ssh_port_open(node_address(1)))
     assert lab.ssh("node1", "ping -c1 -W2 node2").returncode == 0
-
-
-def fetch_status(url: str) -> str:
-    """A node's shell command printing the HTTP status of a GET (bare nodes have python3, not curl)."""
-    script = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).status, end='')"
-    return f'python3 -c "{script}" {url}'
 
 
 def test_airgap_keeps_the_nodes_off_the_host_but_not_off_each_other(lab):
