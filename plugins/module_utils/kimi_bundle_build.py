@@ -325,12 +325,12 @@ class StepReport:
         }
 
 
-def apt_report(built: AptBuild, seconds: float) -> StepReport:
+def _step_report(step: str, unit: str, files: int, built: AptBuild | WheelBuild, seconds: float) -> StepReport:
     fetch = built.fetch
     return StepReport(
-        APT_DIR,
-        "debs",
-        len(fetch.downloads),
+        step,
+        unit,
+        files,
         len(fetch.fetched),
         fetch.fetched_bytes,
         len(fetch.reused),
@@ -338,21 +338,14 @@ def apt_report(built: AptBuild, seconds: float) -> StepReport:
         len(built.dropped),
         seconds,
     )
+
+
+def apt_report(built: AptBuild, seconds: float) -> StepReport:
+    return _step_report(APT_DIR, "debs", len(built.fetch.downloads), built, seconds)
 
 
 def wheels_report(built: WheelBuild, seconds: float) -> StepReport:
-    fetch = built.fetch
-    return StepReport(
-        WHEELS_DIR,
-        "wheels",
-        len(fetch.wheels),
-        len(fetch.fetched),
-        fetch.fetched_bytes,
-        len(fetch.reused),
-        fetch.reused_bytes,
-        len(built.dropped),
-        seconds,
-    )
+    return _step_report(WHEELS_DIR, "wheels", len(built.fetch.wheels), built, seconds)
 
 
 @dataclass(frozen=True)
