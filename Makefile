@@ -142,8 +142,8 @@ bench: venv ## Print the benchmark figures
 	@for b in bench/bench_*.py; do [ -e "$$b" ] && $(PY) $$b; done
 
 # The air-gapped lab's bundle (inventories/lab with inventories/lab-offline, whose node1 serves it; docs/air-gapped.md),
-# built from the lab's cached mirrors (make lab-build; no running lab needed): its apt repositories (flat and unsigned, so trusted=yes) and its wheelhouse, found by
-# labctl as lab/lab finds them. Without a running lab inventories/lab has no hosts.yml, so a stand-in names one
+# built from the lab's cached mirrors (make lab-build): its apt repositories (flat and unsigned, so trusted=yes) and
+# its wheelhouse, found by labctl as lab/lab finds them, and the checkpoint from the running lab's olah (make lab-up). Without a running lab inventories/lab has no hosts.yml, so a stand-in names one
 # node (never contacted: bundle_inputs.yml runs on the controller alone). The key in BUNDLE_GNUPG is made on the
 # first build and kept, so the fingerprint receivers pin stays the same.
 BUNDLE_OUT ?= .cache/bundle/lab
@@ -160,6 +160,12 @@ if not (apt and wheels):
 for name in ("nvidia", "debian"):
     print(f"--apt-source=[trusted=yes] file:{apt[name]} ./")
 print(f"--pip-find-links={wheels['wheelhouse']}")
+from labctl import serve, state
+settings_now = settings.load_settings()
+olah_runs = serve.server_pids(state.StatePaths(settings_now.state))["hf"] is not None
+# The checkpoint (inventories/lab-offline carries it) from the running lab's olah; without a running lab, a closed
+# loopback port, so that a checkpoint build fails at once instead of reaching for the Hub.
+print(f"--hf-endpoint={serve.mirror_urls(settings_now)['hf_endpoint'] if olah_runs else 'http://127.0.0.1:9'}")
 endef
 export LAB_BUNDLE_SOURCES
 

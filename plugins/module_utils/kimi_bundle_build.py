@@ -10,9 +10,12 @@ build() runs, in this order:
    check from the bundle alone);
 3. wheels: kimi_bundle_wheels.build_wheelhouse (pip's closure for the nodes' Python and platforms, the
    indexes, pip's own check from the bundle alone);
+3b. hf, when the inventory sets kimi_bundle_checkpoint: kimi_bundle_hf.fetch_checkpoint lays the pinned
+   checkpoint out under hf/ for the mirror's static server, reusing (after checking its size and checksum) every
+   file the previous bundle's or a --reuse-from bundle's hf/ holds;
 4. manifest: every file's size and sha256 and the inputs (kimi_bundle.manifest_document), signed detached and
    armored by the key that signs the apt Release, and that signature checked against the bundle's keyring;
-5. commit: OUT's manifest is removed first, its apt/ and wheels/ swapped for the new ones, then the signature
+5. commit: OUT's manifest is removed first, its apt/, wheels/ and hf/ swapped for the new ones, then the signature
    and the manifest are renamed in, the manifest last. A directory without a manifest whose signature holds is
    never a complete bundle, so a reader never takes a half-swapped OUT for one.
 
@@ -59,7 +62,6 @@ from .kimi_bundle import (
     WITH_CHECKPOINT,
     BuildInputs,
     BundleError,
-    BundleInputError,
     ManifestError,
     apt_index_problems,
     compare_inputs,
@@ -85,42 +87,33 @@ from .kimi_bundle_apt import (
     run_tool,
     stop_gpg_agent,
 )
+from .kimi_bundle_hf import (
+    FETCHED,
+    HF_DIR,
+    CheckpointFetch,
+    fetch_checkpoint,
+    resolve_path,
+    revision_path,
+    tree_path,
+)
 from .kimi_bundle_signature import verify_signature
 from .kimi_bundle_tree import BundleError as TreeBundleError
 from .kimi_bundle_verify import default_keyring, verify_bundle
 from .kimi_bundle_wheels import WHEELS_DIR, PipSources, PipTool, WheelBuild, build_wheelhouse
-from .kimi_inputs import as_bool
+from .kimi_checkpoint import files_from_tree, select_files
 from .kimi_report import write_atomic
 
-# What a bundle directory holds; anything else in OUT is refused rather than swapped or listed.
-BUNDLE_DIRS = (APT_DIR, WHEELS_DIR)
+# What a bundle directory holds; anything else in OUT is refused rather than swapped or listed. hf/ only when the
+# inventory has the bundle carry the checkpoint.
+BUNDLE_DIRS = (APT_DIR, WHEELS_DIR, HF_DIR)
 BUNDLE_NAMES = frozenset({*BUNDLE_DIRS, MANIFEST_NAME, SIGNATURE_NAME})
 # The files each directory's step reuses from an earlier bundle.
 REUSABLE = {APT_DIR: "*.deb", WHEELS_DIR: "*.whl"}
 PARTIAL_SUFFIX = ".partial"
-CHECKPOINT_UNSUPPORTED = (
-    "is true, but the checkpoint is not supported yet by bin/kimi-bundle: set it to false and bring the checkpoint "
-    "to the site another way"
-)
 
 
 class BuildError(BundleError):
     """The build could not run or finish; the message names the directory, the step or the file."""
-
-
-# ------------------------------------------------------------------------------------------- inputs
-
-
-def unsupported_problems(variables: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """(variable, message) for what the inventory asks that this builder does not do yet, read before the
-    variables themselves, so that the refusal says so rather than judging the checkpoint's pin."""
-    wanted = as_bool(variables.get(WITH_CHECKPOINT) or False)
-    return [(WITH_CHECKPOINT, CHECKPOINT_UNSUPPORTED)] if wanted else []
-
-
-def check_supported(inputs: BuildInputs) -> None:
-    if inputs.checkpoint is not None:
-        raise BundleInputError([(WITH_CHECKPOINT, CHECKPOINT_UNSUPPORTED)])
 
 
 # ------------------------------------------------------------------------------------------- layout
@@ -191,12 +184,15 @@ def build_lock(layout: BuildLayout) -> Iterator[None]:
         yield
 
 
-def tidy_staging(staging: Path) -> None:
-    """Leave in the staging area only the .debs and .whls an interrupted run put there: a half-written temporary
-    file, a stale index or an old manifest would otherwise end up in the new manifest."""
+def tidy_staging(staging: Path, with_checkpoint: bool) -> None:
+    """Leave in the staging area only the .debs and .whls an interrupted run put there, and its hf/ when the
+    bundle carries the checkpoint (the checkpoint step tidies it itself: its partial downloads are what an
+    interrupted run resumes from): a half-written temporary file, a stale index or an old manifest would
+    otherwise end up in the new manifest."""
     staging.mkdir(parents=True, exist_ok=True)
+    wanted = set(BUNDLE_DIRS) if with_checkpoint else set(BUNDLE_DIRS) - {HF_DIR}
     for path in staging.iterdir():
-        if path.name not in BUNDLE_DIRS or not path.is_dir() or path.is_symlink():
+        if path.name not in wanted or not path.is_dir() or path.is_symlink():
             _remove(path)
     for name, pattern in REUSABLE.items():
         directory = staging / name
@@ -252,7 +248,9 @@ def commit(layout: BuildLayout) -> None:
     for name in BUNDLE_DIRS:
         if (out / name).exists():
             _move(out / name, layout.replaced / name)
-        _move(staging / name, out / name)
+        # hf/ is staged only for a bundle with the checkpoint: without it, OUT's old hf/ goes with the rest.
+        if (staging / name).exists():
+            _move(staging / name, out / name)
     _move(staging / SIGNATURE_NAME, out / SIGNATURE_NAME)
     _move(staging / MANIFEST_NAME, out / MANIFEST_NAME)
     _fsync_directory(out)
@@ -291,11 +289,22 @@ def run_gpgv(argv: list[str]) -> tuple[int, str, str]:
 
 
 @dataclass(frozen=True)
+class HubSource:
+    """Where the checkpoint comes from: the Hub or a mirror answering like it (HF_ENDPOINT), and the token for
+    a gated or private repository (sent to that origin only; never printed)."""
+
+    endpoint: str
+    token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class BuildSources:
-    """Where the debs and the wheels come from."""
+    """Where the debs, the wheels and the checkpoint come from (hub: needed only when the inventory has the
+    bundle carry the checkpoint)."""
 
     apt: tuple[AptSource, ...]
     pip: PipSources
+    hub: HubSource | None = None
 
 
 @dataclass(frozen=True)
@@ -346,6 +355,22 @@ def apt_report(built: AptBuild, seconds: float) -> StepReport:
 
 def wheels_report(built: WheelBuild, seconds: float) -> StepReport:
     return _step_report(WHEELS_DIR, "wheels", len(built.fetch.wheels), built, seconds)
+
+
+def hf_report(fetched: CheckpointFetch, seconds: float) -> StepReport:
+    """The checkpoint's files (the two API answers not counted); reused: kept or linked from a local copy."""
+    downloaded = [item for item in fetched.files if item.how == FETCHED]
+    return StepReport(
+        HF_DIR,
+        "checkpoint files",
+        len(fetched.files),
+        len(downloaded),
+        fetched.fetched_bytes,
+        len(fetched.files) - len(downloaded),
+        fetched.reused_bytes,
+        len(fetched.removed),
+        seconds,
+    )
 
 
 @dataclass(frozen=True)
@@ -415,12 +440,20 @@ class _Clock:
         return {**self.seconds, "total": time.monotonic() - self.started}
 
 
-def write_signed_manifest(staging: Path, inputs: BuildInputs, key: SigningKey, created_at: datetime) -> dict:
+def write_signed_manifest(
+    staging: Path,
+    inputs: BuildInputs,
+    key: SigningKey,
+    created_at: datetime,
+    known: Sequence[Mapping[str, Any]] = (),
+) -> dict:
     """The manifest of the staged tree, signed, and the signature checked against the staged keyring, as a
-    receiver checks it (it proves the keyring nodes will trust holds the key that signed)."""
+    receiver checks it (it proves the keyring nodes will trust holds the key that signed). `known`: entries a
+    step already hashed (the checkpoint's), taken as they are when the file's size still matches."""
     (staging / MANIFEST_NAME).unlink(missing_ok=True)
     (staging / SIGNATURE_NAME).unlink(missing_ok=True)
-    document = manifest_document(inputs, manifest_entries(staging), created_at)
+    entries = manifest_entries(staging, {entry["path"]: entry for entry in known})
+    document = manifest_document(inputs, entries, created_at)
     write_atomic(staging / MANIFEST_NAME, manifest_text(document))
     signature = sign_manifest(staging, key)
     manifest = (staging / MANIFEST_NAME).read_bytes()
@@ -447,11 +480,16 @@ def build(
     """Build the bundle for `inputs` into `out_dir` (see the module's docstring); `on_step` hears of each step as
     it ends (progress lines; a test's interruption). BundleInputError for inputs this builder does not take,
     BuildError for OUT, AptBundleError or WheelBundleError (naming the package, source or file) for a step."""
-    check_supported(inputs)
     layout = layout_for(out_dir)
-    problems = out_dir_problems(layout.out) + [
-        f"{path}: not a directory (--reuse-from takes an earlier bundle)" for path in reuse_from if not path.is_dir()
-    ]
+    problems = (
+        hub_problems(inputs, sources)
+        + out_dir_problems(layout.out)
+        + [
+            f"{path}: not a directory (--reuse-from takes an earlier bundle)"
+            for path in reuse_from
+            if not path.is_dir()
+        ]
+    )
     if problems:
         raise BuildError("; ".join(problems))
     clock = _Clock()
@@ -476,7 +514,7 @@ def _build_locked(
 ) -> BuildSummary:
     staging, work = layout.staging, layout.work
     with clock.phase("seed"):
-        tidy_staging(staging)
+        tidy_staging(staging, inputs.checkpoint is not None)
         seeded = seed_staging(staging, [layout.out, *reuse_from])
     steps = []
     with clock.phase(APT_DIR):
@@ -487,8 +525,15 @@ def _build_locked(
         wheels = build_wheelhouse(inputs, sources.pip, staging, work, hf_version=inputs.hf_version, tool=tool)
     steps.append(wheels_report(wheels, clock.seconds[WHEELS_DIR]))
     _tell(on_step, steps[-1])
+    known: list[dict[str, Any]] = []
+    if inputs.checkpoint is not None:
+        with clock.phase(HF_DIR):
+            fetched = fetch_staged_checkpoint(inputs, sources.hub, layout, reuse_from)
+        known = fetched.manifest_entries(HF_DIR)
+        steps.append(hf_report(fetched, clock.seconds[HF_DIR]))
+        _tell(on_step, steps[-1])
     with clock.phase("manifest"):
-        document = write_signed_manifest(staging, inputs, key, created_at or datetime.now(UTC))
+        document = write_signed_manifest(staging, inputs, key, created_at or datetime.now(UTC), known)
     with clock.phase("commit"):
         commit(layout)
         shutil.rmtree(layout.partial)
@@ -503,6 +548,36 @@ def _build_locked(
         seconds=clock.totals(),
         seeded=seeded,
         warnings=wheels.warnings,
+    )
+
+
+def hub_problems(inputs: BuildInputs, sources: BuildSources) -> list[str]:
+    """A bundle with the checkpoint needs its source, known before anything is fetched."""
+    if inputs.checkpoint is None or sources.hub is not None:
+        return []
+    return [
+        f"{WITH_CHECKPOINT} is true: give the Hub (or a mirror of it) the checkpoint {inputs.checkpoint.repo_id} "
+        "comes from (--hf-endpoint)"
+    ]
+
+
+def fetch_staged_checkpoint(
+    inputs: BuildInputs, hub: HubSource | None, layout: BuildLayout, reuse_from: Sequence[Path]
+) -> CheckpointFetch:
+    """The inventory's checkpoint into the staging area's hf/, reusing OUT's and the --reuse-from bundles' hf/."""
+    checkpoint = inputs.checkpoint
+    if checkpoint is None or hub is None:  # build() checked both before anything ran
+        raise BuildError(f"{WITH_CHECKPOINT}: no checkpoint in the inputs or no --hf-endpoint (build() checks both)")
+    reuse = [Path(bundle) / HF_DIR for bundle in (layout.out, *reuse_from) if (Path(bundle) / HF_DIR).is_dir()]
+    return fetch_checkpoint(
+        hub.endpoint,
+        checkpoint.repo_id,
+        checkpoint.revision,
+        list(checkpoint.include),
+        list(checkpoint.exclude),
+        layout.staging / HF_DIR,
+        reuse,
+        hub.token,
     )
 
 
@@ -531,7 +606,42 @@ def content_problems(bundle: Path, document: Mapping[str, Any]) -> list[str]:
     if packages.is_file():
         problems += apt_index_problems(packages.read_text(errors="replace"), inputs, f"{APT_DIR}/{PACKAGES_NAME}")
     wheels = [entry["path"] for entry in document["files"] if re.fullmatch(rf"{WHEELS_DIR}/[^/]+\.whl", entry["path"])]
-    return problems + wheelhouse_problems(wheels, inputs)
+    return problems + wheelhouse_problems(wheels, inputs) + checkpoint_problems(bundle, document)
+
+
+def checkpoint_problems(bundle: Path, document: Mapping[str, Any]) -> list[str]:
+    """The checkpoint the manifest's inputs name against the bundle's hf/: the two API answers listed, and every
+    file the role's patterns select from the bundled tree listed at the size, and with the sha256 (LFS files),
+    the Hub gave. The manifest's sha256 were checked against the files already, so this ties the checkpoint to
+    the Hub's own checksums. A bundle built without the checkpoint must hold no hf/."""
+    checkpoint = manifest_inputs(document).checkpoint
+    listed = {entry["path"]: entry for entry in document["files"]}
+    carried = sorted(path for path in listed if path.startswith(f"{HF_DIR}/"))
+    if checkpoint is None:
+        return [f"{carried[0]}: the bundle was built without the checkpoint ({WITH_CHECKPOINT})"] if carried else []
+    what = f"checkpoint {checkpoint.repo_id} at {checkpoint.revision}"
+    documents = [f"{HF_DIR}/{path(checkpoint.repo_id, checkpoint.revision)}" for path in (revision_path, tree_path)]
+    missing = [path for path in documents if path not in listed]
+    if missing:
+        return [f"{path}: not in the bundle, which claims the {what}" for path in missing]
+    try:
+        entries = json.loads((Path(bundle) / documents[1]).read_text())
+        files = select_files(files_from_tree(entries), list(checkpoint.include), list(checkpoint.exclude))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+        return [f"{documents[1]}: not the tree listing of the {what}: {error}"]
+    if not files:
+        return [f"{documents[1]}: no file of the {what} matches its include/exclude patterns"]
+    problems = []
+    for repo_file in files:
+        path = f"{HF_DIR}/{resolve_path(checkpoint.repo_id, checkpoint.revision, repo_file.path)}"
+        entry = listed.get(path)
+        if entry is None:
+            problems.append(f"{path}: {repo_file.path} of the {what} is not in the bundle")
+        elif entry.get("size") != repo_file.size:
+            problems.append(f"{path}: {entry.get('size')} bytes, the Hub lists {repo_file.size}")
+        elif repo_file.sha256 is not None and entry.get("sha256") != repo_file.sha256:
+            problems.append(f"{path}: sha256 {entry.get('sha256')}, the Hub lists {repo_file.sha256}")
+    return problems
 
 
 def verify(

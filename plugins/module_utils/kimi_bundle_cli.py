@@ -1,6 +1,7 @@
 """bin/kimi-bundle: build, verify and inspect an air-gapped bundle (docs/air-gapped.md).
 
     kimi-bundle build -i INVENTORY -o OUT --apt-source "[trusted=yes] file:/srv/debian ./" --pip-find-links DIR
+                      [--hf-endpoint URL]   (the checkpoint's source; HF_TOKEN from the environment)
     kimi-bundle verify BUNDLE --fingerprint FPR [-i INVENTORY]
     kimi-bundle inputs -i INVENTORY
     kimi-bundle fingerprint [--gnupg-home DIR]
@@ -42,6 +43,8 @@ INPUTS_FILE_VARIABLE = "kimi_bundle_inputs_file"
 DEFAULT_GNUPG_HOME = "~/.kimi-bundle/gnupg"
 PLAYBOOK_TIMEOUT_S = 600
 ERROR_LINES_SHOWN = 15
+# Where the checkpoint comes from when --hf-endpoint is not given: HF_ENDPOINT as the hf CLI reads it, else the Hub.
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 APT_SOURCE_EXAMPLE = "'[trusted=yes] file:/srv/mirror ./' or 'https://deb.debian.org/debian bookworm main'"
 
 
@@ -89,7 +92,8 @@ def _gnupg_flag(parser: argparse.ArgumentParser) -> None:
 def build_arg_parser(prog: str = "kimi-bundle") -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog=prog,
-        description="Build and verify the signed offline bundle (debs and wheels) an inventory's nodes install from. "
+        description="Build and verify the signed offline bundle (debs, wheels and optionally the checkpoint) an "
+        "inventory's nodes install from. "
         "Exit 0: done; 1: build failed or bundle has problems; 2: bad flags or inventory values.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -115,6 +119,13 @@ def build_arg_parser(prog: str = "kimi-bundle") -> argparse.ArgumentParser:
         default=[],
         metavar="HOST",
         help="a host pip may reach over plain HTTP, as pip's --trusted-host (repeatable)",
+    )
+    build.add_argument(
+        "--hf-endpoint",
+        default=os.environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT,
+        metavar="URL",
+        help="the Hub, or a mirror of it, the checkpoint comes from when the inventory sets kimi_bundle_checkpoint "
+        "(default: $HF_ENDPOINT, else %(default)s); a token for a gated repository is read from $HF_TOKEN only",
     )
     build.add_argument(
         "--reuse-from", action="append", default=[], metavar="BUNDLE", help="an earlier bundle to reuse files from"
@@ -205,14 +216,24 @@ def _pip_sources(args: argparse.Namespace, problems: list[tuple[str, str]]) -> P
     return sources
 
 
+def _hub_source(args: argparse.Namespace, problems: list[tuple[str, str]]) -> kbb.HubSource:
+    endpoint = (args.hf_endpoint or "").rstrip("/")
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        problems.append(("--hf-endpoint", f"{args.hf_endpoint!r} is not an http(s) URL, e.g. {DEFAULT_HF_ENDPOINT}"))
+    # A token on the command line would show in ps and the shell's history: the environment only, as hf reads it.
+    return kbb.HubSource(endpoint, os.environ.get("HF_TOKEN") or None)
+
+
 def sources_from_args(args: argparse.Namespace) -> kbb.BuildSources:
     """The build's sources from the flags; FlagError names every bad flag."""
     problems: list[tuple[str, str]] = []
     apt = _apt_sources(args, problems)
     pip = _pip_sources(args, problems)
+    hub = _hub_source(args, problems)
     if problems:
         raise FlagError(problems)
-    return kbb.BuildSources(apt, pip)
+    return kbb.BuildSources(apt, pip, hub)
 
 
 def build_flag_problems(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -336,12 +357,8 @@ def inventory_variables(
 
 
 def inputs_from_inventory(inventories: Sequence[str], repo_root: Path = REPO_ROOT) -> BuildInputs:
-    """BuildInputs from the inventory; BundleInputError names every bad or unsupported variable."""
-    variables = inventory_variables(inventories, repo_root)
-    unsupported = kbb.unsupported_problems(variables)
-    if unsupported:
-        raise BundleInputError(unsupported)
-    return inputs_from_variables(variables)
+    """BuildInputs from the inventory; BundleInputError names every bad variable."""
+    return inputs_from_variables(inventory_variables(inventories, repo_root))
 
 
 # ------------------------------------------------------------------------------------------- printing

@@ -84,6 +84,8 @@ from .kimi_checkpoint import (
 from .kimi_inputs import REPO_ID
 from .kimi_report import write_atomic
 
+# The layout's directory in a bundle; the offline mirror serves it as HF_ENDPOINT <mirror>/hf.
+HF_DIR = "hf"
 # Partial downloads live here, under the layout's directory, until verified; removed when a run completes.
 PARTIAL_DIR = ".partial"
 # Tree fields a static mirror cannot honour (see the module docstring).
@@ -382,6 +384,28 @@ def file_headers(
         path = f"{prefix}/{resolve_path(repo_id, revision, repo_file.path)}"
         headers[path] = {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(repo_file.size)}
     return headers
+
+
+# What an nginx configuration cannot put in a double-quoted map key as it is.
+_UNQUOTABLE = re.compile(r'["\\\x00-\x1f\x7f]')
+# The offline_mirror role's map_hash_bucket_size; a longer key (with nginx's own bytes per entry) would not fit.
+NGINX_MAP_BUCKET = 512
+NGINX_MAP_KEY_LIMIT = NGINX_MAP_BUCKET - 32
+
+
+def nginx_header_rows(
+    tree: Sequence[Mapping[str, Any]], repo_id: str, revision: str, url_prefix: str = ""
+) -> list[dict[str, str]]:
+    """file_headers of every file the bundled tree listing names, as rows {uri, etag, size} for the offline_mirror
+    role's `map $uri` blocks, sorted by uri. A path no map key can quote (a double quote, a backslash, a control
+    character) or longer than NGINX_MAP_KEY_LIMIT bytes is left out: hf then gets nginx's own ETag for it, which
+    makes it fetch the file again rather than keep a copy, never take wrong bytes."""
+    headers = file_headers(repo_id, revision, files_from_tree(list(tree)), url_prefix)
+    return [
+        {"uri": uri, "etag": values["X-Linked-Etag"], "size": values["X-Linked-Size"]}
+        for uri, values in sorted(headers.items())
+        if not _UNQUOTABLE.search(uri) and len(uri.encode()) <= NGINX_MAP_KEY_LIMIT
+    ]
 
 
 def rules_document(repo_id: str, revision: str, files: Iterable[RepoFile], url_prefix: str = "") -> dict[str, Any]:

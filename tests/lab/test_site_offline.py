@@ -2,9 +2,9 @@
 `make bundle` built, and site.yml converges from it, verify included; a second run changes nothing.
 
 It reuses the session's converge (`serving`), then takes away what a converge downloads, so that the offline run
-must fetch it again from the bundle: the system NCCL debs (apt) and the NCCL wheel in vLLM's venv (pip). The
-checkpoint stays on /data, checked by its marker: the bundle does not carry checkpoints yet (docs/air-gapped.md),
-and the checkpoint role asks no Hub for a checkpoint its marker records. The air gap is `lab/lab airgap on` (the
+must fetch it again from the bundle: the system NCCL debs (apt), the NCCL wheel in vLLM's venv (pip) and two files
+of the checkpoint on each node (the bundle carries it: inventories/lab-offline sets kimi_bundle_checkpoint, and
+the checkpoint role's hf download asks node1's mirror, its HF_ENDPOINT). The air gap is `lab/lab airgap on` (the
 nodes open no connection to the host) and each node's apt sources on the host are moved away, as an air-gapped
 site has none: a fetch from the host's mirrors fails, and the only apt source left on a node is the offline mirror.
 
@@ -13,6 +13,7 @@ The nodes keep the offline sources afterwards, so the next converge of the lab s
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -46,6 +47,12 @@ NCCL_PIN = "2.30.7-1+cuda13.3"
 LAB_DEBIAN_SOURCE = "/etc/apt/sources.list.d/lab-debian.list"
 NVIDIA_SOURCE = "/etc/apt/sources.list.d/nvidia-cuda.sources"
 PUT_ASIDE = "/root/offline-test"
+# The checkpoint's files taken away on every node (the weights and a small one), and the mirror's access log that
+# shows who fetched them (Debian's nginx.conf logs there).
+CHECKPOINT_DIR = "/data/models/lab-mini"
+DROPPED_CHECKPOINT_FILES = ("model.safetensors", "config.json")
+MIRROR_ACCESS_LOG = "/var/log/nginx/access.log"
+NODE_ADDRESSES = {"node1": "198.18.0.11", "node2": "198.18.0.12"}
 
 
 def timed(what: str, run):
@@ -102,6 +109,20 @@ def take_away_what_the_converge_fetches(lab) -> None:
         assert lab.ssh(node, f"DEBIAN_FRONTEND=noninteractive {purge}", timeout=120).returncode == 0
         pip = f"{vllm_python(lab, node)} -m pip uninstall -y {DROPPED_WHEEL}"
         assert lab.ssh(node, pip, timeout=120).returncode == 0
+        files = " ".join(f"{CHECKPOINT_DIR}/{name}" for name in DROPPED_CHECKPOINT_FILES)
+        assert lab.ssh(node, f"rm -f {files}").returncode == 0
+
+
+def bundled_checkpoint() -> dict[str, str]:
+    """{file name: sha256} of the dropped checkpoint files, as the bundle's manifest lists them."""
+    manifest = json.loads((BUNDLE / "kimi-bundle.json").read_text())
+    checkpoint = manifest["built_for"]["checkpoint"]
+    assert checkpoint, "the lab's bundle does not carry the checkpoint (inventories/lab-offline)"
+    base = f"hf/{checkpoint['repo_id']}/resolve/{checkpoint['revision']}/"
+    listed = {
+        entry["path"][len(base) :]: entry["sha256"] for entry in manifest["files"] if entry["path"].startswith(base)
+    }
+    return {name: listed[name] for name in DROPPED_CHECKPOINT_FILES}
 
 
 def apt_and_pip_sources(lab, node: str) -> str:
@@ -157,6 +178,12 @@ def test_site_converges_from_the_bundle_with_no_route_but_the_mirror_and_a_secon
         assert installed == [f"{deb}={NCCL_PIN} hold ok installed" for deb in DROPPED_DEBS], installed
         shown = lab.ssh(node, f"{vllm_python(lab, node)} -m pip show {DROPPED_WHEEL}")
         assert shown.returncode == 0, f"{DROPPED_WHEEL} is not back in {node}'s vLLM venv"
+        # The checkpoint's files are back, the bundle's bytes, fetched by this node from node1's mirror.
+        for name, sha256 in bundled_checkpoint().items():
+            summed = lab.ssh(node, f"sha256sum {CHECKPOINT_DIR}/{name}").stdout.split()
+            assert summed[:1] == [sha256], f"{node}: {name} {summed}"
+            fetched = f"grep -c '^{NODE_ADDRESSES[node]} .*\"GET /hf/.*/resolve/[0-9a-f]*/{name} HTTP/1.1\" 200 ' "
+            assert int(lab.ssh("node1", fetched + MIRROR_ACCESS_LOG).stdout.strip() or 0) >= 1, f"{node}: {name}"
 
     # Every phase that changes a node runs again; verify (which changes nothing, and passed above) is left out.
     second = run_site(airgapped, skip_tags="verify")

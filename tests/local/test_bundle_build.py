@@ -1,7 +1,7 @@
 """bin/kimi-bundle end to end on this host: the inventory read by playbooks/bundle_inputs.yml (no node contacted,
 no role task run, role defaults under the inventory's values), a signed bundle built from the lab's cached
-mirrors, verified, refused when a byte, the key or a pin differs, rebuilt without fetching anything, and
-resumed after an interruption.
+mirrors and the lab's checkpoint (from its olah, run here on loopback), verified, refused when a byte, the key
+or a pin differs, rebuilt without fetching anything, and resumed after an interruption.
 
 The inventory is this test's own (nodes at a closed loopback port, so anything that tried to reach one would fail
 at once): the lab's Debian 12 and Python 3.11, a small pin set (the NCCL debs, acl, jinja2 and the placeholder
@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from packaging.version import Version
 
 from module_utils import kimi_bundle as kb
 from tests.ansible_run import REPO_ROOT, VENV_BIN, run_playbook
+from tests.lab_olah import lab_hf_or_skip, running_olah
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("apt-get") is None, reason="no apt-get: not a Debian-family host"),
@@ -79,11 +81,14 @@ def lab_sources() -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def sources() -> dict:
+def sources(tmp_path_factory) -> Iterator[dict]:
+    """The lab's mirrors, and its checkpoint from its olah on loopback (the builds here carry it)."""
     found = lab_sources()
     if found is None:
         pytest.skip("the lab's mirrors are not built or lack the pins (make lab-build)")
-    return found
+    hf = lab_hf_or_skip()
+    with running_olah(hf, tmp_path_factory.mktemp("olah") / "run") as endpoint:
+        yield {**found, "hf": hf, "hf_endpoint": endpoint}
 
 
 def write_inventory(directory: Path, sources: dict, **changes) -> Path:
@@ -100,6 +105,12 @@ def write_inventory(directory: Path, sources: dict, **changes) -> Path:
         "checkpoint_os_packages": [],
         "kimi_bundle_apt_packages": ["acl"],
         "kimi_vllm_pip_pins": {SMALL: wheel_versions(sources["wheelhouse"], SMALL)[-1], NCCL: sources["nccl"][0]},
+        # The lab's checkpoint, all but its README (the patterns are the role's).
+        "kimi_bundle_checkpoint": True,
+        "kimi_checkpoint_repo_id": sources["hf"]["repo_id"],
+        "kimi_checkpoint_revision": sources["hf"]["revision"],
+        "kimi_checkpoint_include": [],
+        "kimi_checkpoint_exclude": ["README.md"],
         **changes,
     }
     (directory / "group_vars" / "all").mkdir(parents=True, exist_ok=True)
@@ -132,7 +143,7 @@ def environment() -> dict[str, str]:
 def source_flags(sources: dict) -> list[str]:
     apt = sources["apt"]
     flags = [f"--apt-source=[trusted=yes] file:{apt[name]} ./" for name in ("nvidia", "debian")]
-    return [*flags, f"--pip-find-links={sources['wheelhouse']}"]
+    return [*flags, f"--pip-find-links={sources['wheelhouse']}", f"--hf-endpoint={sources['hf_endpoint']}"]
 
 
 def build(inventory: Path, out: Path, gnupg: Path, sources: dict) -> subprocess.CompletedProcess:
@@ -218,12 +229,12 @@ def test_a_package_the_converge_installs_but_the_bundle_would_lack_is_named(sour
 
 def test_a_build_is_the_signed_closure_of_the_pins_and_verifies(built, gnupg):
     out, summary = built
-    assert sorted(path.name for path in out.iterdir()) == ["apt", "kimi-bundle.json", "kimi-bundle.json.asc", "wheels"]
+    names = ["apt", "hf", "kimi-bundle.json", "kimi-bundle.json.asc", "wheels"]
+    assert sorted(path.name for path in out.iterdir()) == names
     assert not out.with_name(out.name + ".partial").exists()
-    assert (
-        summary["reused"] == 0
-        and summary["fetched"] == summary["steps"]["apt"]["files"] + summary["steps"]["wheels"]["files"]
-    )
+    steps = summary["steps"]
+    assert summary["reused"] == 0
+    assert summary["fetched"] == steps["apt"]["files"] + steps["wheels"]["files"] + steps["hf"]["files"]
     assert summary["fetched_bytes"] > 0 and summary["bytes"] >= summary["fetched_bytes"]
     fingerprint = kimi_bundle("fingerprint", "--gnupg-home", gnupg).stdout.strip()
     assert summary["fingerprint"] == fingerprint
@@ -244,6 +255,21 @@ def test_a_byte_flipped_in_one_deb_is_named(built, tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0] == f"kimi-bundle: {bundle}: 1 problem(s), do not use it:"
     assert lines[1].startswith(f"apt/{libnccl.name}: sha256 ") and len(lines) == 2
+
+
+def test_the_checkpoint_is_the_hubs_files_and_a_changed_shard_is_named(built, sources, tmp_path):
+    out, summary = built
+    hf = sources["hf"]
+    carried = {name: size for name, size in hf["files"].items() if name != "README.md"}
+    assert summary["steps"]["hf"]["files"] == len(carried)
+    resolve = out / "hf" / hf["repo_id"] / "resolve" / hf["revision"]
+    assert {path.name: path.stat().st_size for path in resolve.iterdir()} == carried
+    bundle = copy_bundle(out, tmp_path / "bundle")
+    flip_one_byte(bundle / resolve.relative_to(out) / "model.safetensors")
+    result = kimi_bundle("verify", bundle, "--fingerprint", summary["fingerprint"])
+    assert result.returncode == 1
+    shard = f"hf/{hf['repo_id']}/resolve/{hf['revision']}/model.safetensors"
+    assert result.stdout.splitlines()[1].startswith(f"{shard}: sha256 "), result.stdout
 
 
 def test_a_bundle_signed_by_another_key_is_refused(built):

@@ -42,6 +42,7 @@ import pytest
 
 from module_utils import kimi_bundle_hf as kbh
 from module_utils import kimi_checkpoint as ck
+from tests.lab_olah import lab_hf_or_skip, running_olah
 from tests.unit.ansible_adhoc import run_module
 
 HF_ENV_DROP = ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_XET", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE")
@@ -232,47 +233,7 @@ def tools_hf() -> Path:
 
 @pytest.fixture(scope="module")
 def lab_hf() -> dict:
-    from labctl import mirrors_hf, settings
-
-    cache = settings.load_settings().cache
-    found = mirrors_hf.existing(cache)
-    if found is None:
-        pytest.skip(f"no built lab Hugging Face mirror for this recipe under {cache}: lab/lab build")
-    return found
-
-
-@contextmanager
-def running_olah(hf: dict, workdir: Path) -> Iterator[str]:
-    """olah on 127.0.0.1 with the lab's olah_config and cached mirrors; stopped by its pid on the way out."""
-    from labctl import mirrors_hf
-
-    workdir.mkdir(parents=True)
-    port = free_port()
-    config = workdir / "olah.toml"
-    config.write_text(mirrors_hf.olah_config(Path(hf["mirrors_path"]), "127.0.0.1", port, workdir / "repos"))
-    log = workdir / "olah.log"
-    command = [str(hf["olah_python"]), "-m", "olah.server", "--config", str(config), "--log-path", str(workdir)]
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=workdir)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"olah exited with {process.returncode}: {log.read_text()[-2000:]}")
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"olah did not listen on 127.0.0.1:{port} within 60 s: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()  # SIGTERM to this pid only
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+    return lab_hf_or_skip()
 
 
 @dataclass(frozen=True)
@@ -702,3 +663,224 @@ def test_why_the_layout_drops_xet_hashes(fake_hub, tools_hf, tmp_path):
         log = list(stand_in.log)
     assert done.returncode != 0
     assert any("/xet-read-token/" in entry.path and entry.status == 404 for entry in log), log
+
+
+# ------------------------------------------------------------------------- the role's nginx, for real
+
+SITE_TEMPLATE = Path(__file__).resolve().parents[2] / "roles" / "offline_mirror" / "templates" / "kimi-bundle.conf.j2"
+
+
+@dataclass(frozen=True)
+class Nginx:
+    """The offline_mirror role's site, rendered from its template with the bundle's header rows as the role
+    computes them (kimi.k2.hf_mirror_headers), served by Debian's nginx from the lab's apt mirror."""
+
+    endpoint: str
+    base: str
+    access_log: Path
+    site: str
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """(method, uri, status) of every request so far."""
+        lines = self.access_log.read_text().splitlines()
+        return [(method, uri, int(status)) for method, uri, status in (line.split(" ") for line in lines)]
+
+    def head(self, path: str, method: str = "HEAD", headers: dict | None = None):
+        import urllib.request
+
+        request = urllib.request.Request(self.base + path, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, dict(answer.headers), answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+
+def unpacked_nginx(workdir: Path) -> Path:
+    """Debian's nginx binary and its mime.types, unpacked from the lab's apt mirror (nothing installed)."""
+    from labctl import mirrors_apt, settings
+
+    apt = mirrors_apt.existing(settings.load_settings().cache)
+    debs = sorted(apt["debian"].glob("nginx_*.deb")) + sorted(apt["debian"].glob("nginx-common_*.deb")) if apt else []
+    if len(debs) != 2:
+        pytest.skip("the lab's apt mirror has no nginx (make lab-build)")
+    for deb in debs:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(workdir)], check=True)
+    return workdir
+
+
+def render_site(context: dict) -> str:
+    import jinja2
+
+    # As ansible.builtin.template renders (trim_blocks on), with only the values the template reads.
+    environment = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    return environment.from_string(SITE_TEMPLATE.read_text()).render(context)
+
+
+def header_rows(tree: list[dict], repo_id: str, revision: str) -> list[dict[str, str]]:
+    """The rows as the role computes them: its kimi.k2.hf_mirror_headers filter, loaded from its file."""
+    import importlib.util
+
+    path = SITE_TEMPLATE.parents[3] / "plugins" / "filter" / "kimi_bundle.py"
+    spec = importlib.util.spec_from_file_location("kimi_bundle_filter", path)
+    assert spec is not None and spec.loader is not None
+    bundle_filter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bundle_filter)
+    return bundle_filter.hf_mirror_headers(tree, repo_id, revision)
+
+
+@pytest.fixture(scope="module")
+def nginx_root(tmp_path_factory) -> Path:
+    return unpacked_nginx(tmp_path_factory.mktemp("nginx-root"))
+
+
+@contextmanager
+def nginx_site(root: Path, bundle: Path, repo_id: str, revision: str, work: Path) -> Iterator[Nginx]:
+    """The role's site for the checkpoint `repo_id` at `revision` in `bundle` (the directory holding hf/), run
+    by nginx in the foreground in one process (no worker user to switch to); stopped by its pid."""
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    tree = json.loads((bundle / kbh.HF_DIR / kbh.tree_path(repo_id, revision)).read_text())
+    # The role's layout: nginx's root is the current link to a release, the bundle directory holding hf/.
+    (work / "current").symlink_to(bundle)
+    site = render_site(
+        {
+            "ansible_managed": "test",
+            "offline_mirror_listen_host": "127.0.0.1",
+            "offline_mirror_port": port,
+            "offline_mirror_current": str(work / "current"),
+            "offline_mirror_url": f"http://127.0.0.1:{port}",
+            "offline_mirror_hf": {
+                "repo_id": repo_id,
+                "revision": revision,
+                "headers": header_rows(tree, repo_id, revision),
+            },
+        }
+    )
+    (work / "site.conf").write_text(site)
+    access_log = work / "access.log"
+    (work / "tmp").mkdir()
+    temp_paths = "\n".join(f"    {kind}_temp_path {work}/tmp/{kind};" for kind in ("proxy", "fastcgi", "uwsgi", "scgi"))
+    (work / "nginx.conf").write_text(
+        f"""daemon off;
+master_process off;
+pid {work}/nginx.pid;
+error_log {work}/error.log;
+events {{}}
+http {{
+    include {root}/etc/nginx/mime.types;
+    default_type application/octet-stream;
+    client_body_temp_path {work}/tmp/body;
+{temp_paths}
+    log_format kimi '$request_method $uri $status';
+    access_log {access_log} kimi;
+    # Debian's nginx.conf has gzip on: the checkpoint's locations must turn it off for what they serve.
+    gzip on;
+    gzip_types application/json text/plain;
+    include {work}/site.conf;
+}}
+"""
+    )
+    nginx = [str(root / "usr/sbin/nginx"), "-p", str(work), "-c", str(work / "nginx.conf")]
+    checked = subprocess.run([*nginx, "-t", "-q"], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr
+    process = subprocess.Popen(nginx, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert process.poll() is None and time.monotonic() < deadline, (work / "error.log").read_text()
+            time.sleep(0.1)
+        base = f"http://127.0.0.1:{port}"
+        yield Nginx(f"{base}/hf", base, access_log, site)
+    finally:
+        process.terminate()  # this pid only
+        process.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def lab_nginx(lab_build, nginx_root, tmp_path_factory) -> Iterator[Nginx]:
+    hf = lab_build.hf
+    work = tmp_path_factory.mktemp("lab-nginx")
+    with nginx_site(nginx_root, lab_build.layout.parent, hf["repo_id"], hf["revision"], work) as nginx:
+        yield nginx
+
+
+def test_nginx_serves_the_layout_to_hf_download_by_the_rules(lab_build, lab_nginx, tools_hf, tmp_path):
+    hf, target = lab_build.hf, tmp_path / "checkpoint"
+    with timed("lab: hf download from the role's nginx"):
+        done = run_hf(tools_hf, lab_nginx.endpoint, tmp_path / "hf-home", "download", hf["repo_id"], "--revision",
+                      hf["revision"], "--local-dir", str(target))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = by_repo_path(lab_build.third)
+    assert local_files(target) == set(expected)
+    for path, item in expected.items():
+        assert sha256_of(target / path) == item.sha256, path
+    verified = run_hf(tools_hf, lab_nginx.endpoint, tmp_path / "hf-home", "cache", "verify", hf["repo_id"],
+                      "--revision", hf["revision"], "--local-dir", str(target))  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    # The answers hf relies on, as the stand-in gives them (kbh.server_rules, kbh.file_headers).
+    shard = max(lab_build.third.repo_files, key=lambda repo_file: repo_file.size)
+    uri = f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], shard.path)}"
+    status, headers, _ = lab_nginx.head(uri, headers={"Accept-Encoding": "gzip"})
+    assert status == 200
+    assert headers["X-Repo-Commit"] == hf["revision"]
+    assert headers["X-Linked-Etag"] == f'"{shard.sha256 or shard.git_oid}"'
+    assert (headers["X-Linked-Size"], headers["Content-Length"]) == (str(shard.size), str(shard.size))
+    assert "Content-Encoding" not in headers
+    status, headers, body = lab_nginx.head(uri, "GET", {"Range": "bytes=10-19"})
+    assert (status, headers["Content-Range"], len(body)) == (206, f"bytes 10-19/{shard.size}", 10)
+    tree_uri = f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}"
+    status, headers, body = lab_nginx.head(tree_uri, "GET", {"Accept-Encoding": "gzip"})
+    assert (status, headers["Content-Type"], "Content-Encoding" in headers) == (200, "application/json", False)
+    assert json.loads(body) == json.loads((lab_build.layout.parent / tree_uri[1:]).read_text())
+
+
+def test_nginx_names_what_it_does_not_hold_as_the_hub_does(lab_build, lab_nginx, tmp_path):
+    hf = lab_build.hf
+    other = "f" * 40
+    status, headers, _ = lab_nginx.head(f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], 'nope.bin')}")
+    assert status == 404
+    assert (headers["X-Error-Code"], headers["X-Repo-Commit"]) == ("EntryNotFound", hf["revision"])
+    assert headers["X-Error-Message"] == f"{hf['repo_id']} at {hf['revision']} is not in this offline mirror"
+    status, headers, _ = lab_nginx.head(f"/hf/{kbh.tree_path(hf['repo_id'], other)}", "GET")
+    assert (status, headers["X-Error-Code"]) == (404, "RevisionNotFound")
+    # The role's own module reads those words.
+    arguments = {"repo_id": hf["repo_id"], "revision": other, "endpoint": lab_nginx.endpoint}
+    ok, refused = run_module(tmp_path, "kimi_hf_repo_files", arguments)
+    assert not ok and f"{hf['repo_id']} at {other} is not in this offline mirror" in refused["msg"], refused
+    ok, listed = run_module(tmp_path, "kimi_hf_repo_files", {**arguments, "revision": hf["revision"]})
+    assert ok and listed["files"] == [asdict(repo_file) for repo_file in lab_build.third.repo_files], listed
+    # Nothing else under /hf/: no other API, no directory, no listing; and nothing but GET and HEAD.
+    for path in (
+        f"/hf/api/models/{hf['repo_id']}/xet-read-token/{hf['revision']}",
+        f"/hf/{hf['repo_id']}/resolve/{hf['revision']}/",
+        "/hf/api/models/",
+        "/hf/",
+    ):
+        status, headers, _ = lab_nginx.head(path, "GET")
+        assert (status, "X-Error-Code" in headers) == (404, False), path
+    status, _, _ = lab_nginx.head(f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}", "POST")
+    assert status == 403
+
+
+def test_nginx_lets_hf_keep_a_file_a_node_holds_already(fake_hub, nginx_root, tools_hf, tmp_path):
+    """The fake Hub's layout (its shard is an LFS file) behind the role's nginx: a copy of the shard a node holds
+    already (rsync'ed, without hf's metadata) is hashed against X-Linked-Etag and kept, as with the Hub; the
+    small files, whose etag is a git blob id hf cannot check, are fetched."""
+    bundle = tmp_path / "bundle"
+    fetch_fake(fake_hub, bundle / kbh.HF_DIR)
+    target = tmp_path / "checkpoint"
+    (target / "weights").mkdir(parents=True)
+    (target / "weights/model.safetensors").write_bytes(WEIGHTS)
+    with nginx_site(nginx_root, bundle, FAKE_REPO, FAKE_SHA, tmp_path / "nginx") as nginx:
+        done = run_hf(tools_hf, nginx.endpoint, tmp_path / "hf-home", "download", FAKE_REPO, "--revision", FAKE_SHA,
+                      "--local-dir", str(target))  # fmt: skip
+        requests = nginx.requests()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sha256_of(target / "weights/model.safetensors") == WEIGHTS_SHA256
+    gets = sorted(uri.rsplit("/", 1)[1] for method, uri, _ in requests if method == "GET" and "/resolve/" in uri)
+    assert gets == ["config-copy.json", "config.json"], requests

@@ -46,18 +46,25 @@ def test_the_mirror_groups_host_is_every_nodes_one_source(tmp_path):
         "checkpoint_pip_find_links": wheels,
         "checkpoint_pip_no_index": True,
         "checkpoint_pip_trusted_hosts": ["10.99.0.5"],
+        # The bundle does not carry the checkpoint (kimi_bundle_checkpoint false): the Hub, as before.
+        "checkpoint_hf_endpoint": "https://huggingface.co",
     }
     assert resolved == {"node1": expected, "node2": expected}
 
 
-def test_a_serving_node_can_be_the_mirror_on_its_own_port(tmp_path):
-    resolved = resolve(tmp_path, {"node1": None}, {"kimi_offline_mirror_port": "8099"})
+def test_a_serving_node_can_be_the_mirror_on_its_own_port_and_serve_the_checkpoint(tmp_path):
+    # As typed with -e: strings.
+    extravars = {"kimi_offline_mirror_port": "8099", "kimi_bundle_checkpoint": "true"}
+    resolved = resolve(tmp_path, {"node1": None}, extravars)
     assert {node["nvidia_repo_url"] for node in resolved.values()} == {"http://10.99.0.11:8099/apt/"}
+    assert {node["checkpoint_hf_endpoint"] for node in resolved.values()} == {"http://10.99.0.11:8099/hf"}
 
 
 def test_without_a_mirror_the_sources_are_nvidias_repository_and_pypi(tmp_path):
-    resolved = resolve(tmp_path, None, {"ansible_facts": {"distribution": "Ubuntu", "distribution_version": "24.04"}})
+    facts = {"distribution": "Ubuntu", "distribution_version": "24.04"}
+    resolved = resolve(tmp_path, None, {"ansible_facts": facts, "kimi_bundle_checkpoint": True})
     for sources in resolved.values():
+        assert sources["checkpoint_hf_endpoint"] == "https://huggingface.co"
         assert sources["kimi_offline_mirror_url"] == ""
         assert (
             sources["nvidia_repo_url"] == "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"

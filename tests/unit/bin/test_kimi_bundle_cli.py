@@ -127,6 +127,30 @@ def test_a_wheelhouse_over_plain_http_reaches_pip_with_its_trusted_host(tmp_path
     assert "--trusted-host" not in cli.sources_from_args(parsed(tmp_path, *flags)).pip.options()
 
 
+FLAGS = ("--apt-source", "[trusted=yes] file:/srv/lab ./", "--pip-find-links", "http://198.18.0.1:8080/wheels/")
+
+
+def test_the_checkpoints_source_is_the_flag_else_hf_endpoint_else_the_hub_and_the_token_hf_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert cli.sources_from_args(parsed(tmp_path, *FLAGS)).hub == kbb.HubSource("https://huggingface.co")
+    monkeypatch.setenv("HF_ENDPOINT", "http://198.18.0.1:8090/")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    hub = cli.sources_from_args(parsed(tmp_path, *FLAGS)).hub
+    assert hub == kbb.HubSource("http://198.18.0.1:8090", "hf_secret")
+    hub = cli.sources_from_args(parsed(tmp_path, *FLAGS, "--hf-endpoint", "https://hf.internal")).hub
+    assert hub.endpoint == "https://hf.internal" and hub.token == "hf_secret"
+
+
+@pytest.mark.parametrize("endpoint", ["huggingface.co", "ftp://hf.internal", "http://"])
+def test_a_checkpoint_source_that_is_no_http_url_is_named(tmp_path, endpoint):
+    with pytest.raises(FlagError) as caught:
+        cli.sources_from_args(parsed(tmp_path, *FLAGS, "--hf-endpoint", endpoint))
+    assert caught.value.problems == [
+        ("--hf-endpoint", f"{endpoint!r} is not an http(s) URL, e.g. https://huggingface.co")
+    ]
+
+
 def test_every_bad_source_flag_is_named_in_one_go(tmp_path):
     args = parsed(
         tmp_path,
@@ -195,13 +219,15 @@ def test_bad_inventory_values_exit_2_with_one_line_per_variable(tmp_path, wheelh
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 
 
-def test_an_inventory_asking_for_the_checkpoint_is_refused_by_name(inventory, capsys):
-    inventory.update(kimi_bundle_checkpoint=True, kimi_checkpoint_revision="main")
-    assert cli.cli_main(["inputs", "-i", "inventories/site"]) == 2
-    assert capsys.readouterr().err == (
-        "kimi-bundle: error: kimi_bundle_checkpoint is true, but the checkpoint is not supported yet by "
-        "bin/kimi-bundle: set it to false and bring the checkpoint to the site another way\n"
+def test_an_inventory_asking_for_the_checkpoint_at_a_branch_is_refused_by_name(inventory, capsys):
+    inventory.update(
+        kimi_bundle_checkpoint=True,
+        kimi_checkpoint_repo_id="moonshotai/Kimi-K2-Instruct",
+        kimi_checkpoint_revision="main",
     )
+    assert cli.cli_main(["inputs", "-i", "inventories/site"]) == 2
+    expected = "kimi-bundle: error: kimi_checkpoint_revision must be a 40-hex commit (got 'main')\n"
+    assert capsys.readouterr().err == expected
 
 
 def test_inputs_prints_the_resolved_build_inputs_as_json(inventory, capsys):

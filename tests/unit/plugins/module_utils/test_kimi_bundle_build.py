@@ -7,6 +7,9 @@ The real steps (apt, pip, gpg) run in tests/local/test_bundle_build.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,10 +30,17 @@ VARIABLES = {
     "kimi_vllm_pip_pins": {"jinja2": "3.1.6"},
     "checkpoint_hf_version": "2.4.0",
 }
-UNSUPPORTED = (
-    "kimi_bundle_checkpoint is true, but the checkpoint is not supported yet by bin/kimi-bundle: set it to false "
-    "and bring the checkpoint to the site another way"
-)
+CHECKPOINT = {
+    "kimi_bundle_checkpoint": True,
+    "kimi_checkpoint_repo_id": "moonshotai/Kimi-K2-Instruct",
+    "kimi_checkpoint_revision": "0" * 40,
+    "kimi_checkpoint_include": ["*.json", "*.safetensors"],
+    "kimi_checkpoint_exclude": ["original/*"],
+}
+REVISION = "0" * 40
+HF_BASE = f"hf/moonshotai/Kimi-K2-Instruct/resolve/{REVISION}"
+TREE = f"hf/api/models/moonshotai/Kimi-K2-Instruct/tree/{REVISION}"
+REVISION_DOC = f"hf/api/models/moonshotai/Kimi-K2-Instruct/revision/{REVISION}"
 
 
 def write(path: Path, data: bytes = b"x") -> Path:
@@ -46,32 +56,22 @@ def names(directory: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------- inputs
 
 
-@pytest.mark.parametrize("value", [True, "yes", "true"])
-def test_an_inventory_asking_for_the_checkpoint_is_refused_before_its_pin_is_judged(value):
-    variables = {**VARIABLES, "kimi_bundle_checkpoint": value, "kimi_checkpoint_revision": "main"}
-    assert kbb.unsupported_problems(variables) == [("kimi_bundle_checkpoint", UNSUPPORTED.split(" ", 1)[1])]
-    assert str(kb.BundleInputError(kbb.unsupported_problems(variables))) == UNSUPPORTED
-
-
-@pytest.mark.parametrize("value", [False, None, "no"])
-def test_an_inventory_without_the_checkpoint_is_supported(value):
-    assert kbb.unsupported_problems({**VARIABLES, "kimi_bundle_checkpoint": value}) == []
-
-
-def test_inputs_with_a_checkpoint_are_refused_by_build_itself(tmp_path):
-    inputs = kb.inputs_from_variables(
-        {
-            **VARIABLES,
-            "kimi_bundle_checkpoint": True,
-            "kimi_checkpoint_repo_id": "moonshotai/Kimi-K2-Instruct",
-            "kimi_checkpoint_revision": "0" * 40,
-        }
-    )
+def test_a_checkpoint_without_its_source_is_refused_before_anything_is_made(tmp_path):
+    inputs = kb.inputs_from_variables({**VARIABLES, **CHECKPOINT})
     sources = kbb.BuildSources((), kbb.PipSources(find_links=(str(tmp_path),)))
-    with pytest.raises(kb.BundleInputError) as caught:
+    with pytest.raises(kbb.BuildError) as caught:
         kbb.build(inputs, sources, tmp_path / "out", tmp_path / "gnupg")
-    assert str(caught.value) == UNSUPPORTED
+    assert str(caught.value) == (
+        "kimi_bundle_checkpoint is true: give the Hub (or a mirror of it) the checkpoint moonshotai/Kimi-K2-Instruct "
+        "comes from (--hf-endpoint)"
+    )
     assert not (tmp_path / "out").exists() and not (tmp_path / "gnupg").exists()
+    assert kbb.hub_problems(inputs, kbb.BuildSources((), sources.pip, kbb.HubSource("https://hf.example"))) == []
+    assert kbb.hub_problems(kb.inputs_from_variables(VARIABLES), sources) == []
+
+
+def test_the_hub_token_never_shows_in_a_printed_source():
+    assert "hf_secret" not in repr(kbb.HubSource("https://huggingface.co", "hf_secret"))
 
 
 # ------------------------------------------------------------------------------------------- layout
@@ -149,8 +149,17 @@ def test_an_interrupted_runs_leftovers_are_tidied_but_its_debs_and_wheels_kept(t
     for name in keep + junk:
         write(staging / name)
     (staging / "wheels/linked.whl").symlink_to(staging / keep[1])
-    kbb.tidy_staging(staging)
+    kbb.tidy_staging(staging, with_checkpoint=False)
     assert names(staging) == keep
+
+
+def test_with_the_checkpoint_the_staged_hf_directory_is_left_to_its_step(tmp_path):
+    staging = tmp_path / "staging"
+    kept = ["hf/.partial/abc.part", "hf/org/name/resolve/sha/config.json"]
+    for name in [*kept, "hf-stray.json"]:
+        write(staging / name)
+    kbb.tidy_staging(staging, with_checkpoint=True)
+    assert names(staging) == kept
 
 
 def test_seeding_links_every_deb_and_wheel_of_the_earlier_bundles_it_lacks(tmp_path):
@@ -188,6 +197,20 @@ def test_the_new_bundle_replaces_the_old_one_whole(tmp_path):
     assert (layout.replaced / "apt/old.deb").read_bytes() == b"old"
 
 
+def test_the_checkpoint_is_swapped_with_the_rest_and_dropped_when_the_new_bundle_has_none(tmp_path):
+    layout = kbb.layout_for(tmp_path / "out")
+    write(layout.out / "hf/old.json", b"old")
+    staged_bundle(layout, b"new")
+    write(layout.staging / "hf/new.json", b"new")
+    kbb.commit(layout)
+    assert "hf/new.json" in names(layout.out) and "hf/old.json" not in names(layout.out)
+    shutil.rmtree(layout.partial)
+    staged_bundle(layout, b"newer")
+    kbb.commit(layout)
+    assert not (layout.out / "hf").exists()
+    assert (layout.replaced / "hf/new.json").read_bytes() == b"new"
+
+
 def test_a_commit_cut_short_leaves_no_manifest_rather_than_the_old_one_over_new_files(tmp_path, monkeypatch):
     layout = kbb.layout_for(tmp_path / "out")
     for name in ("apt/a.deb", "wheels/w.whl", kb.MANIFEST_NAME, kb.SIGNATURE_NAME):
@@ -210,7 +233,7 @@ def test_a_commit_cut_short_leaves_no_manifest_rather_than_the_old_one_over_new_
     ]
     # The next build seeds from what OUT and the staging area hold, so the new debs are not fetched again.
     monkeypatch.setattr(kbb, "_move", real_move)
-    kbb.tidy_staging(layout.staging)
+    kbb.tidy_staging(layout.staging, with_checkpoint=False)
     assert kbb.seed_staging(layout.staging, [layout.out]) == 1
     assert (layout.staging / "apt/a.deb").read_bytes() == b"new"
 
@@ -312,3 +335,119 @@ def test_absolute_keeps_a_symlink_named_as_out(tmp_path, monkeypatch):
     assert kbb.absolute("link") == tmp_path / "link"
     assert kbb.out_dir_problems(kbb.absolute("link")) == [f"{tmp_path / 'link'}: not a directory"]
     assert kbb.absolute("~") == Path.home()
+
+
+# ---------------------------------------------------------------------------------------- the checkpoint
+
+CONFIG = b'{"model_type": "kimi_k2"}'
+SHARD = b"weights" * 100
+
+
+def checkpoint_bundle(tmp_path: Path, tree: list[dict] | None = None, skip: tuple[str, ...] = ()) -> dict:
+    """A bundle with the checkpoint: config.json (a git file), one LFS shard, and original/ the patterns leave out."""
+    write(tmp_path / "apt/Packages", b"")
+    listing = (
+        tree
+        if tree is not None
+        else [
+            {"type": "file", "path": "config.json", "size": len(CONFIG), "oid": "1" * 40},
+            {
+                "type": "file",
+                "path": "model-00001.safetensors",
+                "size": 123,
+                "oid": "2" * 40,
+                "lfs": {"oid": hashlib.sha256(SHARD).hexdigest(), "size": len(SHARD)},
+            },
+            {"type": "directory", "path": "original", "oid": "3" * 40},
+            {"type": "file", "path": "original/x.pt", "size": 5, "oid": "4" * 40},
+        ]
+    )
+    write(tmp_path / TREE, json.dumps(listing).encode())
+    write(tmp_path / REVISION_DOC, b"{}")
+    for name, data in (("config.json", CONFIG), ("model-00001.safetensors", SHARD)):
+        if name not in skip:
+            write(tmp_path / HF_BASE / name, data)
+    inputs = kb.inputs_from_variables({**VARIABLES, **CHECKPOINT})
+    return kb.manifest_document(inputs, kb.manifest_entries(tmp_path), datetime(2026, 3, 1, tzinfo=UTC))
+
+
+def test_a_checkpoint_bundle_holding_every_selected_file_at_the_hubs_checksum_has_no_problem(tmp_path):
+    assert kbb.checkpoint_problems(tmp_path, checkpoint_bundle(tmp_path)) == []
+
+
+def test_a_missing_shard_and_one_of_another_size_or_checksum_are_named(tmp_path):
+    document = checkpoint_bundle(tmp_path, skip=("model-00001.safetensors",))
+    assert kbb.checkpoint_problems(tmp_path, document) == [
+        f"{HF_BASE}/model-00001.safetensors: model-00001.safetensors of the checkpoint moonshotai/Kimi-K2-Instruct "
+        f"at {REVISION} is not in the bundle"
+    ]
+    write(tmp_path / HF_BASE / "model-00001.safetensors", b"x" * len(SHARD))
+    document = kb.manifest_document(document_inputs(), kb.manifest_entries(tmp_path), datetime.now(UTC))
+    [problem] = kbb.checkpoint_problems(tmp_path, document)
+    assert problem.startswith(f"{HF_BASE}/model-00001.safetensors: sha256 ")
+    assert problem.endswith(f", the Hub lists {hashlib.sha256(SHARD).hexdigest()}")
+    write(tmp_path / HF_BASE / "model-00001.safetensors", b"short")
+    document = kb.manifest_document(document_inputs(), kb.manifest_entries(tmp_path), datetime.now(UTC))
+    assert kbb.checkpoint_problems(tmp_path, document) == [
+        f"{HF_BASE}/model-00001.safetensors: 5 bytes, the Hub lists {len(SHARD)}"
+    ]
+
+
+def document_inputs() -> kb.BuildInputs:
+    return kb.inputs_from_variables({**VARIABLES, **CHECKPOINT})
+
+
+def test_a_checkpoint_bundle_without_its_listing_or_with_a_bad_one_is_named(tmp_path):
+    document = checkpoint_bundle(tmp_path)
+    document["files"] = [entry for entry in document["files"] if entry["path"] != TREE]
+    assert kbb.checkpoint_problems(tmp_path, document) == [
+        f"{TREE}: not in the bundle, which claims the checkpoint moonshotai/Kimi-K2-Instruct at {REVISION}"
+    ]
+    document = checkpoint_bundle(tmp_path, tree=[{"type": "file", "path": "README.md", "size": 1}])
+    assert kbb.checkpoint_problems(tmp_path, document) == [
+        f"{TREE}: no file of the checkpoint moonshotai/Kimi-K2-Instruct at {REVISION} matches its include/exclude "
+        "patterns"
+    ]
+    write(tmp_path / TREE, b"not json")
+    [problem] = kbb.checkpoint_problems(tmp_path, document)
+    assert problem.startswith(f"{TREE}: not the tree listing of the checkpoint moonshotai/Kimi-K2-Instruct")
+
+
+def test_hf_files_in_a_bundle_built_without_the_checkpoint_are_named(tmp_path):
+    write(tmp_path / "hf/stray.json")
+    inputs = kb.inputs_from_variables(VARIABLES)
+    document = kb.manifest_document(inputs, kb.manifest_entries(tmp_path), datetime.now(UTC))
+    assert kbb.checkpoint_problems(tmp_path, document) == [
+        "hf/stray.json: the bundle was built without the checkpoint (kimi_bundle_checkpoint)"
+    ]
+
+
+def test_the_manifest_takes_a_steps_own_checksum_only_for_a_file_of_that_size(tmp_path):
+    write(tmp_path / "hf/a.bin", b"12345")
+    write(tmp_path / "hf/b.bin", b"12345")
+    known = {"hf/a.bin": {"size": 5, "sha256": "a" * 64}, "hf/b.bin": {"size": 4, "sha256": "b" * 64}}
+    entries = {entry["path"]: entry["sha256"] for entry in kb.manifest_entries(tmp_path, known)}
+    assert entries == {"hf/a.bin": "a" * 64, "hf/b.bin": hashlib.sha256(b"12345").hexdigest()}
+
+
+def test_the_checkpoint_steps_figures_count_files_not_the_api_answers():
+    from module_utils import kimi_bundle_hf as kbh
+
+    files = (
+        kbh.LayoutFile("x/a", 10, "a" * 64, kbh.FETCHED, "a"),
+        kbh.LayoutFile("x/b", 20, "b" * 64, kbh.LINKED, "b"),
+        kbh.LayoutFile("x/c", 30, "c" * 64, kbh.KEPT, "c"),
+    )
+    documents = (kbh.LayoutFile("api/tree", 2, "d" * 64, kbh.FETCHED),)
+    fetched = kbh.CheckpointFetch("o/n", REVISION, files, documents, (), 10, 0, 50, ("x/old",))
+    report = kbb.hf_report(fetched, 1.5)
+    assert report.to_dict() == {
+        "files": 3,
+        "fetched": 1,
+        "fetched_bytes": 10,
+        "reused": 2,
+        "reused_bytes": 50,
+        "dropped": 1,
+        "seconds": 1.5,
+    }
+    assert report.step == "hf"

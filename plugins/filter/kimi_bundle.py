@@ -1,0 +1,30 @@
+"""`kimi.k2.hf_mirror_headers`: the per-file headers the offline mirror's nginx adds to the checkpoint's files.
+
+The offline_mirror role renders them into `map $uri` blocks from the tree listing the bundle carries; the rows
+are kimi_bundle_hf.file_headers, the one definition the bundle's tests serve the layout by
+(plugins/module_utils/kimi_bundle_hf.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_hf import nginx_header_rows
+except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
+    from module_utils.kimi_bundle_hf import nginx_header_rows
+
+
+def hf_mirror_headers(
+    tree: Sequence[Mapping[str, Any]], repo_id: str, revision: str, url_prefix: str = "/hf"
+) -> list[dict[str, str]]:
+    """`tree | kimi.k2.hf_mirror_headers(repo_id, revision)`: [{uri, etag, size}] for every listed file."""
+    return nginx_header_rows(tree, str(repo_id), str(revision), str(url_prefix))
+
+
+class FilterModule:
+    """Ansible's entry point for the filters of this file."""
+
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"hf_mirror_headers": hf_mirror_headers}

@@ -1,0 +1,64 @@
+"""The lab's olah (its cached Hugging Face mirror and tools venv) run on 127.0.0.1 for a test's duration: the
+checkpoint source of tests/local/test_bundle_hf.py and tests/local/test_bundle_build.py."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def lab_hf_or_skip() -> dict:
+    """The lab's built Hugging Face mirror (repo_id, revision, files, mirrors_path, olah_python), else a skip."""
+    from labctl import mirrors_hf, settings
+
+    cache = settings.load_settings().cache
+    found = mirrors_hf.existing(cache)
+    if found is None:
+        pytest.skip(f"no built lab Hugging Face mirror for this recipe under {cache}: lab/lab build")
+    return found
+
+
+@contextmanager
+def running_olah(hf: dict, workdir: Path) -> Iterator[str]:
+    """olah on 127.0.0.1 with the lab's olah_config and cached mirrors; stopped by its pid on the way out."""
+    from labctl import mirrors_hf
+
+    workdir.mkdir(parents=True)
+    port = free_port()
+    config = workdir / "olah.toml"
+    config.write_text(mirrors_hf.olah_config(Path(hf["mirrors_path"]), "127.0.0.1", port, workdir / "repos"))
+    log = workdir / "olah.log"
+    command = [str(hf["olah_python"]), "-m", "olah.server", "--config", str(config), "--log-path", str(workdir)]
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"olah exited with {process.returncode}: {log.read_text()[-2000:]}")
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"olah did not listen on 127.0.0.1:{port} within 60 s: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()  # SIGTERM to this pid only
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
