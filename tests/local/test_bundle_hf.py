@@ -333,17 +333,25 @@ def test_damaged_files_are_found_and_fetched_again(lab_build):
         assert item.sha256 == first[path].sha256 == sha256_of(lab_build.layout / item.path)
 
 
-def test_hf_download_gets_every_file_from_the_layout(lab_build, lab_mirror, tools_hf, tmp_path):
+def downloaded_checkpoint(lab_build: LabBuild, tools_hf: Path, endpoint: str, tmp_path: Path, server: str) -> Path:
+    """`hf download` of the lab's checkpoint from `endpoint` into a new --local-dir: every file, the layout's bytes."""
     hf, target = lab_build.hf, tmp_path / "checkpoint"
-    lab_mirror.log.clear()
-    with timed("lab: hf download from the stand-in"):
-        done = run_hf(tools_hf, lab_mirror.endpoint, tmp_path / "hf-home", "download", hf["repo_id"], "--revision",
+    with timed(f"lab: hf download from {server}"):
+        done = run_hf(tools_hf, endpoint, tmp_path / "hf-home", "download", hf["repo_id"], "--revision",
                       hf["revision"], "--local-dir", str(target))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     expected = by_repo_path(lab_build.third)
     assert local_files(target) == set(expected)
     for path, item in expected.items():
         assert sha256_of(target / path) == item.sha256, path
+    return target
+
+
+def test_hf_download_gets_every_file_from_the_layout(lab_build, lab_mirror, tools_hf, tmp_path):
+    hf = lab_build.hf
+    lab_mirror.log.clear()
+    target = downloaded_checkpoint(lab_build, tools_hf, lab_mirror.endpoint, tmp_path, "the stand-in")
+    expected = by_repo_path(lab_build.third)
     # The tree once, a HEAD and a GET per file, every answer a 200; besides, hf's CLI asks for the agent
     # registry once (utils/_detect_agent.py, best effort: a 404 is ignored), which has no rule.
     registry = lab_mirror.prefix + AGENT_REGISTRY
@@ -809,15 +817,8 @@ def lab_nginx(lab_build, nginx_root, tmp_path_factory) -> Iterator[Nginx]:
 
 
 def test_nginx_serves_the_layout_to_hf_download_by_the_rules(lab_build, lab_nginx, tools_hf, tmp_path):
-    hf, target = lab_build.hf, tmp_path / "checkpoint"
-    with timed("lab: hf download from the role's nginx"):
-        done = run_hf(tools_hf, lab_nginx.endpoint, tmp_path / "hf-home", "download", hf["repo_id"], "--revision",
-                      hf["revision"], "--local-dir", str(target))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = by_repo_path(lab_build.third)
-    assert local_files(target) == set(expected)
-    for path, item in expected.items():
-        assert sha256_of(target / path) == item.sha256, path
+    hf = lab_build.hf
+    target = downloaded_checkpoint(lab_build, tools_hf, lab_nginx.endpoint, tmp_path, "the role's nginx")
     verified = run_hf(tools_hf, lab_nginx.endpoint, tmp_path / "hf-home", "cache", "verify", hf["repo_id"],
                       "--revision", hf["revision"], "--local-dir", str(target))  # fmt: skip
     assert verified.returncode == 0, verified.stdout + verified.stderr
