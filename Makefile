@@ -143,12 +143,11 @@ bench: venv ## Print the benchmark figures
 
 # The air-gapped lab's bundle (inventories/lab with inventories/lab-offline, whose node1 serves it; docs/air-gapped.md),
 # built from the lab's cached mirrors (make lab-build): its apt repositories (flat and unsigned, so trusted=yes) and
-# its wheelhouse, found by labctl as lab/lab finds them, and the checkpoint from the running lab's olah (make lab-up). Without a running lab inventories/lab has no hosts.yml, so a stand-in names one
-# node (never contacted: bundle_inputs.yml runs on the controller alone). The key in BUNDLE_GNUPG is made on the
-# first build and kept, so the fingerprint receivers pin stays the same.
+# its wheelhouse, found by labctl as lab/lab finds them, and the checkpoint from the running lab's olah (make lab-up:
+# without a running lab there is neither the olah nor the generated inventory that names the checkpoint). The key in
+# BUNDLE_GNUPG is made on the first build and kept, so the fingerprint receivers pin stays the same.
 BUNDLE_OUT ?= .cache/bundle/lab
 BUNDLE_GNUPG ?= .cache/bundle-gnupg
-BUNDLE_STANDIN := .cache/bundle/lab-standin/hosts.yml
 define LAB_BUNDLE_SOURCES
 import sys
 sys.path.insert(0, "lab")
@@ -170,14 +169,13 @@ endef
 export LAB_BUNDLE_SOURCES
 
 bundle: venv ## Build the lab inventory's signed offline bundle into BUNDLE_OUT from the lab's cached mirrors
-	@sources=$$($(PY) -c "$$LAB_BUNDLE_SOURCES"); readarray -t flags <<< "$$sources"; \
-	inventory=(-i inventories/lab -i inventories/lab-offline); \
-	if [ ! -f inventories/lab/hosts.yml ]; then \
-		mkdir -p $(dir $(BUNDLE_STANDIN)); \
-		printf 'kimi_nodes:\n  hosts:\n    node1:\n      ansible_host: 127.0.0.1\n      ansible_port: 9\n' > $(BUNDLE_STANDIN); \
-		inventory+=(-i $(BUNDLE_STANDIN)); \
+	@if [ ! -f inventories/lab/hosts.yml ]; then \
+		echo "make bundle: the lab is not up (no inventories/lab/hosts.yml): its bundle carries the lab's checkpoint," \
+			"which its olah serves and its generated inventory names: make lab-up first" >&2; exit 2; \
 	fi; \
-	$(PY) bin/kimi-bundle build "$${inventory[@]}" -o $(BUNDLE_OUT) --gnupg-home $(BUNDLE_GNUPG) "$${flags[@]}"
+	sources=$$($(PY) -c "$$LAB_BUNDLE_SOURCES"); readarray -t flags <<< "$$sources"; \
+	$(PY) bin/kimi-bundle build -i inventories/lab -i inventories/lab-offline -o $(BUNDLE_OUT) \
+		--gnupg-home $(BUNDLE_GNUPG) "$${flags[@]}"
 
 # Run on a machine with an NVIDIA GPU (docs/gpu-facts.md): any python3 >= 3.10 (stdlib only, so no `make venv`),
 # no vLLM, no network, at most 8 minutes. PIP_VENV names the venv whose python runs the torch and NCCL probes.
