@@ -168,7 +168,7 @@ print(f"--hf-endpoint={serve.mirror_urls(settings_now)['hf_endpoint'] if olah_ru
 endef
 export LAB_BUNDLE_SOURCES
 
-bundle: venv ## Build the lab inventory's signed offline bundle into BUNDLE_OUT from the lab's cached mirrors
+bundle: venv ## Build the lab's signed offline bundle (checkpoint included; the lab up) into BUNDLE_OUT
 	@if [ ! -f inventories/lab/hosts.yml ]; then \
 		echo "make bundle: the lab is not up (no inventories/lab/hosts.yml): its bundle carries the lab's checkpoint," \
 			"which its olah serves and its generated inventory names: make lab-up first" >&2; exit 2; \
