@@ -152,7 +152,8 @@ define LAB_BUNDLE_SOURCES
 import sys
 sys.path.insert(0, "lab")
 from labctl import mirrors_apt, mirrors_wheels, settings
-cache = settings.load_settings().cache
+lab_settings = settings.load_settings()
+cache = lab_settings.cache
 apt, wheels = mirrors_apt.existing(cache), mirrors_wheels.existing(cache)
 if not (apt and wheels):
     sys.exit(f"make bundle: the lab's mirrors are not built under {cache}: run make lab-build first")
@@ -160,11 +161,10 @@ for name in ("nvidia", "debian"):
     print(f"--apt-source=[trusted=yes] file:{apt[name]} ./")
 print(f"--pip-find-links={wheels['wheelhouse']}")
 from labctl import serve, state
-settings_now = settings.load_settings()
-olah_runs = serve.server_pids(state.StatePaths(settings_now.state))["hf"] is not None
-# The checkpoint (inventories/lab-offline carries it) from the running lab's olah; without a running lab, a closed
-# loopback port, so that a checkpoint build fails at once instead of reaching for the Hub.
-print(f"--hf-endpoint={serve.mirror_urls(settings_now)['hf_endpoint'] if olah_runs else 'http://127.0.0.1:9'}")
+olah_runs = serve.server_pids(state.StatePaths(lab_settings.state))["hf"] is not None
+# The checkpoint (inventories/lab-offline carries it) from the running lab's olah; without it, a closed loopback
+# port, so that a checkpoint build fails at once instead of reaching for the Hub.
+print(f"--hf-endpoint={serve.mirror_urls(lab_settings)['hf_endpoint'] if olah_runs else 'http://127.0.0.1:9'}")
 endef
 export LAB_BUNDLE_SOURCES
 

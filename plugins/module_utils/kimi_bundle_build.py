@@ -62,6 +62,7 @@ from .kimi_bundle import (
     WITH_CHECKPOINT,
     BuildInputs,
     BundleError,
+    Checkpoint,
     ManifestError,
     apt_index_problems,
     compare_inputs,
@@ -526,9 +527,10 @@ def _build_locked(
     steps.append(wheels_report(wheels, clock.seconds[WHEELS_DIR]))
     _tell(on_step, steps[-1])
     known: list[dict[str, Any]] = []
-    if inputs.checkpoint is not None:
+    # build() refused a checkpoint without its source before anything ran (hub_problems).
+    if inputs.checkpoint is not None and sources.hub is not None:
         with clock.phase(HF_DIR):
-            fetched = fetch_staged_checkpoint(inputs, sources.hub, layout, reuse_from)
+            fetched = fetch_staged_checkpoint(inputs.checkpoint, sources.hub, layout, reuse_from)
         known = fetched.manifest_entries(HF_DIR)
         steps.append(hf_report(fetched, clock.seconds[HF_DIR]))
         _tell(on_step, steps[-1])
@@ -562,12 +564,9 @@ def hub_problems(inputs: BuildInputs, sources: BuildSources) -> list[str]:
 
 
 def fetch_staged_checkpoint(
-    inputs: BuildInputs, hub: HubSource | None, layout: BuildLayout, reuse_from: Sequence[Path]
+    checkpoint: Checkpoint, hub: HubSource, layout: BuildLayout, reuse_from: Sequence[Path]
 ) -> CheckpointFetch:
     """The inventory's checkpoint into the staging area's hf/, reusing OUT's and the --reuse-from bundles' hf/."""
-    checkpoint = inputs.checkpoint
-    if checkpoint is None or hub is None:  # build() checked both before anything ran
-        raise BuildError(f"{WITH_CHECKPOINT}: no checkpoint in the inputs or no --hf-endpoint (build() checks both)")
     reuse = [Path(bundle) / HF_DIR for bundle in (layout.out, *reuse_from) if (Path(bundle) / HF_DIR).is_dir()]
     return fetch_checkpoint(
         hub.endpoint,

@@ -409,7 +409,9 @@ def nginx_header_rows(
 
 
 def rules_document(repo_id: str, revision: str, files: Iterable[RepoFile], url_prefix: str = "") -> dict[str, Any]:
-    """server_rules and file_headers as one JSON-ready document, for a template that renders them."""
+    """server_rules and file_headers as one JSON-ready document: the rules as data. The offline_mirror role's nginx
+    site implements the rules by hand and takes the per-file headers from nginx_header_rows;
+    tests/local/test_bundle_hf.py checks that site against the stand-in built from these rules."""
     return {
         "rules": [
             {

@@ -42,7 +42,7 @@ import pytest
 
 from module_utils import kimi_bundle_hf as kbh
 from module_utils import kimi_checkpoint as ck
-from tests.lab_olah import lab_hf_or_skip, running_olah
+from tests.lab_olah import free_port, lab_hf_or_skip, running_olah
 from tests.unit.ansible_adhoc import run_module
 
 HF_ENV_DROP = ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_XET", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE")
@@ -53,12 +53,6 @@ AGENT_REGISTRY = "/api/agent-harnesses"
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager
@@ -693,7 +687,7 @@ class Nginx:
         lines = self.access_log.read_text().splitlines()
         return [(method, uri, int(status)) for method, uri, status in (line.split(" ") for line in lines)]
 
-    def head(self, path: str, method: str = "HEAD", headers: dict | None = None):
+    def ask(self, path: str, method: str = "HEAD", headers: dict | None = None):
         import urllib.request
 
         request = urllib.request.Request(self.base + path, method=method, headers=headers or {})
@@ -826,16 +820,16 @@ def test_nginx_serves_the_layout_to_hf_download_by_the_rules(lab_build, lab_ngin
     # The answers hf relies on, as the stand-in gives them (kbh.server_rules, kbh.file_headers).
     shard = max(lab_build.third.repo_files, key=lambda repo_file: repo_file.size)
     uri = f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], shard.path)}"
-    status, headers, _ = lab_nginx.head(uri, headers={"Accept-Encoding": "gzip"})
+    status, headers, _ = lab_nginx.ask(uri, headers={"Accept-Encoding": "gzip"})
     assert status == 200
     assert headers["X-Repo-Commit"] == hf["revision"]
     assert headers["X-Linked-Etag"] == f'"{shard.sha256 or shard.git_oid}"'
     assert (headers["X-Linked-Size"], headers["Content-Length"]) == (str(shard.size), str(shard.size))
     assert "Content-Encoding" not in headers
-    status, headers, body = lab_nginx.head(uri, "GET", {"Range": "bytes=10-19"})
+    status, headers, body = lab_nginx.ask(uri, "GET", {"Range": "bytes=10-19"})
     assert (status, headers["Content-Range"], len(body)) == (206, f"bytes 10-19/{shard.size}", 10)
     tree_uri = f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}"
-    status, headers, body = lab_nginx.head(tree_uri, "GET", {"Accept-Encoding": "gzip"})
+    status, headers, body = lab_nginx.ask(tree_uri, "GET", {"Accept-Encoding": "gzip"})
     assert (status, headers["Content-Type"], "Content-Encoding" in headers) == (200, "application/json", False)
     assert json.loads(body) == json.loads((lab_build.layout.parent / tree_uri[1:]).read_text())
 
@@ -843,11 +837,11 @@ def test_nginx_serves_the_layout_to_hf_download_by_the_rules(lab_build, lab_ngin
 def test_nginx_names_what_it_does_not_hold_as_the_hub_does(lab_build, lab_nginx, tmp_path):
     hf = lab_build.hf
     other = "f" * 40
-    status, headers, _ = lab_nginx.head(f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], 'nope.bin')}")
+    status, headers, _ = lab_nginx.ask(f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], 'nope.bin')}")
     assert status == 404
     assert (headers["X-Error-Code"], headers["X-Repo-Commit"]) == ("EntryNotFound", hf["revision"])
     assert headers["X-Error-Message"] == f"{hf['repo_id']} at {hf['revision']} is not in this offline mirror"
-    status, headers, _ = lab_nginx.head(f"/hf/{kbh.tree_path(hf['repo_id'], other)}", "GET")
+    status, headers, _ = lab_nginx.ask(f"/hf/{kbh.tree_path(hf['repo_id'], other)}", "GET")
     assert (status, headers["X-Error-Code"]) == (404, "RevisionNotFound")
     # The role's own module reads those words.
     arguments = {"repo_id": hf["repo_id"], "revision": other, "endpoint": lab_nginx.endpoint}
@@ -862,9 +856,9 @@ def test_nginx_names_what_it_does_not_hold_as_the_hub_does(lab_build, lab_nginx,
         "/hf/api/models/",
         "/hf/",
     ):
-        status, headers, _ = lab_nginx.head(path, "GET")
+        status, headers, _ = lab_nginx.ask(path, "GET")
         assert (status, "X-Error-Code" in headers) == (404, False), path
-    status, _, _ = lab_nginx.head(f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}", "POST")
+    status, _, _ = lab_nginx.ask(f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}", "POST")
     assert status == 403
 
 
