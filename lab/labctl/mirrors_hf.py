@@ -27,7 +27,7 @@ REPO_ID = f"{REPO_ORG}/{REPO_NAME}"
 TOOLS_REQUIREMENTS = _cache.MIRRORS_RECIPES.parent / "requirements-tools.txt"
 HF_RECIPES = _cache.MIRRORS_RECIPES / "hf"
 GENERATOR = HF_RECIPES / "generate_checkpoint.py"
-# The miniature's Kimi-K2-shaped config (docs/lab-facts.md), committed in the repository so a fresh clone builds
+# The miniature's Kimi-K2-shaped config (docs/lab-measurements.md), committed in the repository so a fresh clone builds
 # the lab on its own. KIMI_LAB_MODEL_CONFIG overrides where to find it.
 DEFAULT_MODEL_CONFIG = _cache.MIRRORS_RECIPES / "hf" / "config.json"
 # Fixed identity and time of the one commit, so the sha depends only on the files.

@@ -21,7 +21,7 @@ DEFAULT_MODEL = "Kimi-K2.7-Code"
 DEFAULT_GPU_BLOCK_SIZE = 16
 # vLLM's CPU backend pages the KV cache in blocks of 128 tokens (vllm/platforms/cpu.py,
 # CpuPlatform.check_and_update_config); the lab measured "CPU KV cache size: 465,920 tokens" for 1 GiB with
-# the 2-layer miniature model, which is floor(2^30 / (2 x 576 x 2 B) / 128) x 128 (docs/lab-facts.md).
+# the 2-layer miniature model, which is floor(2^30 / (2 x 576 x 2 B) / 128) x 128 (docs/lab-measurements.md).
 CPU_BLOCK_SIZE = 128
 # MoonViT, the vision encoder of the K2.5-based checkpoints: about 400M parameters, BF16 (the RTX PRO 6000 guide).
 MOONVIT_PARAMS = 400_000_000

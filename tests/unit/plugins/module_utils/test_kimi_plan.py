@@ -307,7 +307,7 @@ def test_component_breakdown_matches_the_published_checkpoint_size():
 
 
 def test_lab_mini_breakdown_matches_its_bf16_safetensors():
-    # The 2-layer miniature's model.safetensors held 8,463,392 bytes of BF16 tensors (docs/lab-facts.md); the
+    # The 2-layer miniature's model.safetensors held 8,463,392 bytes of BF16 tensors (docs/lab-measurements.md); the
     # 4-layer one the lab builds now holds 15,750,752 (its safetensors header's data offsets).
     assert kp.checkpoint_weight_bytes(LAB_MINI_2_LAYERS) == 8_463_392
     assert kp.checkpoint_weight_bytes(LAB_MINI) == 15_750_752
