@@ -72,6 +72,20 @@ def _failure(event: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def task_times_env(env: dict[str, str]) -> dict[str, str]:
+    """With KIMI_TEST_TIMES_DIR set (make test sets it), the kimi_task_times callback appends each run's slowest
+    tasks to playbooks.jsonl there, beside any callback the test enabled itself."""
+    times_dir = os.environ.get("KIMI_TEST_TIMES_DIR")
+    if not times_dir:
+        return {}
+    enabled = [name for name in env.get("ANSIBLE_CALLBACKS_ENABLED", "").split(",") if name]
+    return {
+        "ANSIBLE_CALLBACKS_ENABLED": ",".join([*enabled, "kimi_task_times"]),
+        "KIMI_TASK_TIMES_FILE": str(Path(times_dir) / "playbooks.jsonl"),
+        "KIMI_TASK_TIMES_QUIET": "1",
+    }
+
+
 def run_playbook(
     playbook: str | Path,
     inventory: str | Path,
@@ -109,6 +123,7 @@ def run_playbook(
         "ANSIBLE_CALLBACK_PLUGINS": str(REPO_ROOT / "plugins" / "callback"),
     }
     env.update(envvars or {})
+    env.update(task_times_env(env))
     with tempfile.TemporaryDirectory(prefix="kimi-runner-") as private_dir:
         runner = ansible_runner.run(
             private_data_dir=private_dir,
