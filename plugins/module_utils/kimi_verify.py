@@ -534,9 +534,13 @@ class ApiCheckOptions:
     expected_flags: dict[str, Any] = field(default_factory=dict)  # expected_* options
     max_tokens: int = 1024  # max_tokens
     timeout: float = 120.0  # timeout
+    # generate_skip_reason: when set, the checks that generate tokens (tool_call, reasoning) are skipped with it.
+    generate_skip_reason: str = ""
 
 
 Fetch = Callable[..., HttpReply]
+# The checks that make the model generate tokens (the others read /health, /v1/models and rank 0's argv).
+GENERATING_CHECKS = ("tool_call", "reasoning")
 
 
 def run_api_checks(options: ApiCheckOptions, fetch: Fetch = http_call) -> list[CheckResult]:
@@ -552,6 +556,9 @@ def run_api_checks(options: ApiCheckOptions, fetch: Fetch = http_call) -> list[C
         results.append(skipped("served_flags", "no rank-0 argv given (served_argv or served_pid)"))
     else:
         results.append(judge_served_flags(options.served_argv, options.expected_flags))
+    if options.generate_skip_reason:
+        # A converge that changed nothing on a service that already passed a full verify: only what reads runs.
+        return [*results, *(skipped(name, options.generate_skip_reason) for name in GENERATING_CHECKS)]
     tool_request = build_tool_request(options.served_model_name, options.tool_choice, options.max_tokens)
     results.append(
         judge_tool_call(

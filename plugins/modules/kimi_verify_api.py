@@ -26,6 +26,8 @@ description:
   - C(reasoning) - when I(reasoning) is true, a chat completion must return non-empty C(reasoning_content)
     (or C(reasoning)) separate from C(content), and C(content) must not carry C(<think>) markers. Skipped with
     I(reasoning_skip_reason) otherwise.
+  - With I(generate_skip_reason) set, C(tool_call) and C(reasoning) are skipped with that reason and nothing is
+    generated (the verify role's no-op converge of a service that already passed a full verify).
   - Fails with one message listing every failed check unless I(fail_on_error) is false. Skipped checks do not
     fail.
   - Only reads (two small completions are generated); it changes nothing, so it runs in check mode too.
@@ -96,6 +98,11 @@ options:
     description: Seconds each request may take.
     type: float
     default: 120
+  generate_skip_reason:
+    description: When not empty, the checks that generate tokens (C(tool_call), C(reasoning)) are skipped with
+      this reason.
+    type: str
+    default: ""
   fail_on_error:
     description: Fail when any check failed. With false, the result carries C(ok=false) and the checks.
     type: bool
@@ -196,6 +203,7 @@ def main() -> None:
             "expected_auto_tool_choice": {"type": "bool", "default": True},
             "max_tokens": {"type": "int", "default": 1024},
             "timeout": {"type": "float", "default": 120},
+            "generate_skip_reason": {"type": "str", "default": ""},
             "fail_on_error": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -222,6 +230,7 @@ def main() -> None:
         },
         max_tokens=params["max_tokens"],
         timeout=params["timeout"],
+        generate_skip_reason=params["generate_skip_reason"],
     )
     try:
         results = run_api_checks(options)

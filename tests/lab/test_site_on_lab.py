@@ -31,6 +31,15 @@ def run_site(**kwargs):
     return result
 
 
+API_CHECK_TASK = "Check the API on rank 0 (model listed, launch flags, a structured tool call, reasoning)"
+LOAD_TEST_TASK = "Run vLLM's serving benchmark from rank 0 (vllm bench serve, from the service's own venv)"
+
+
+def api_check_status(result, name: str) -> str:
+    checks = result.results_of(API_CHECK_TASK)["node1"]["checks"]
+    return next(check["status"] for check in checks if check["name"] == name)
+
+
 def assert_refused(result, *fragments: str) -> str:
     """The play failed, changed nothing, and one failure message carries every fragment; returns it."""
     assert result.rc != 0, "the play should have been refused"
@@ -50,6 +59,11 @@ def test_site_converges_and_a_second_run_changes_nothing(serving):
     assert second.rc == 0, second.failure_messages()
     assert second.changed == 0, second.stats.get("changed")
     assert second.count("failures") == 0
+    # The first converge made the model generate (tool call); the second, which changed nothing on a service that
+    # passed that full verify, only read (docs/verify.md, "What a converge that changes nothing checks").
+    assert api_check_status(first, "tool_call") == "pass"
+    assert api_check_status(second, "tool_call") == "skip"
+    assert second.results_of(LOAD_TEST_TASK)["node1"].get("skipped") is True
     # The stack phase pinned and held the system NCCL and CUDA on every node (the parity phase of both runs
     # passed: it is part of site.yml).
     for node in ("node1", "node2"):
@@ -124,6 +138,8 @@ def test_a_plan_that_does_not_fit_is_refused(serving):
     assert "2,048" in message or "2048" in message, message
 
 
+# Tier 2 with the other heals (tests/tiers.py): the group takes about two minutes to form again.
+@pytest.mark.tier2("lab-heal")
 def test_a_node_cut_off_the_network_is_reported_unreachable(serving):
     assert serving.run("cut", "node2").returncode == 0
     try:

@@ -314,6 +314,21 @@ def test_every_check_runs_even_when_earlier_ones_fail():
     assert results[4].detail == "not a thinking model"
 
 
+def test_with_a_generate_skip_reason_nothing_is_generated_and_the_reading_checks_still_run():
+    with FakeOpenAI(reply=kimi_reply(tool_text=True)) as server:
+        results = run_api_checks(
+            options(server.url, reasoning=True, generate_skip_reason="unchanged since its last full verify")
+        )
+        sent = server.requests
+    assert [(r.name, r.status, r.detail) for r in results[2:]] == [
+        ("served_flags", "skip", "no rank-0 argv given (served_argv or served_pid)"),
+        ("tool_call", "skip", "unchanged since its last full verify"),
+        ("reasoning", "skip", "unchanged since its last full verify"),
+    ]
+    assert [(r.name, r.status) for r in results[:2]] == [("health", "pass"), ("models", "pass")]
+    assert [s["path"] for s in sent] == ["/health", "/v1/models"]
+
+
 def test_an_unreachable_server_fails_every_request_check_without_raising():
     results = run_api_checks(options(closed_port_url(), reasoning=True))
     failures = {r.name: r.detail for r in results if r.is_failure}
