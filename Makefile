@@ -19,7 +19,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_HOME := $(CURDIR)/.ansible
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule test demo bench bundle gpu-facts clean
+# Where each run's timings land (tests/timings.py sums them up at the end of make test and make test-all): a JUnit
+# XML per pytest layer, layers.tsv, molecule.tsv, and playbooks.jsonl (the kimi_task_times callback of every
+# playbook a test runs through tests/ansible_run.py or Molecule).
+TEST_TIMES := $(CURDIR)/artifacts/test-times
+export KIMI_TEST_TIMES_DIR := $(TEST_TIMES)
+JUNIT = --junitxml=$(TEST_TIMES)/$@.xml
+
+.PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule gpu-facts
+.PHONY: test test-all test-group lab-airgap-test demo bench bench-converge bundle clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -67,10 +75,11 @@ lint: venv ## yamllint, ansible-lint (production profile), ruff, every module's 
 	$(PY) tests/sanity/module_docs.py
 
 unit: venv ## Unit tests (seconds; no root, no lab), in two processes like tests/local
-	$(BIN)/pytest -q --durations=5 -n 2 --dist loadfile tests/unit
+	$(BIN)/pytest -q --durations=5 -n 2 --dist loadfile $(JUNIT) tests/unit
 
+# Tier 1 only: the tests marked tier2 run in their groups (tests/tiers.py; make test-all).
 local: venv promtool ## Roles and playbooks run on this host through ansible-runner (minutes; root, no lab)
-	$(BIN)/pytest -q --durations=15 -n 2 --dist loadfile -m "not slow" tests/local
+	$(BIN)/pytest -q --durations=15 -n 2 --dist loadfile -m "not tier2" $(JUNIT) tests/local
 
 lab-build: host-deps venv ## Build (or reuse) the lab's cached base rootfs and mirrors
 	$(PY) $(LAB) build all
@@ -84,55 +93,65 @@ lab-down: ## Tear the lab down, leaving nothing behind
 lab-status: ## Show the lab's nodes and mirrors
 	$(PY) $(LAB) status
 
-lab-test: lab-build ## Tests against the real lab (boots and tears down its own nodes)
-	$(BIN)/pytest -q --durations=0 -m "lab and not airgap" tests/lab
+lab-test: lab-build ## Tier 1's tests against the real lab (boots and tears down its own nodes)
+	$(BIN)/pytest -q --durations=0 -m "lab and not tier2" $(JUNIT) tests/lab
 
-# Not in `make test`: about 6 minutes on top of a converge, which CI's 60-minute budget has no room for yet
-# (docs/air-gapped.md, "Proven in the lab").
-lab-airgap-test: lab-build ## The lab converged air-gapped from node1's offline mirror (its own converge first)
-	$(BIN)/pytest -q -s --durations=0 -m airgap tests/lab
+# One tier-2 group (tests/tiers.py list names them), its time recorded in tests/tier2-record.json.
+GROUP ?=
+test-group: lab-build ## One tier-2 group: make test-group GROUP=lab-drift (tests/tiers.py list)
+	@[ -n "$(GROUP)" ] || { echo "make test-group: name a group: GROUP=<name> (tests/tiers.py list)" >&2; exit 2; }
+	$(PY) tests/tiers.py run $(GROUP)
+
+lab-airgap-test: ## The lab converged air-gapped from node1's offline mirror (the tier-2 group lab-airgap)
+	$(MAKE) --no-print-directory test-group GROUP=lab-airgap
 
 # Every scenario runs on one lab booted once (the largest scenario has 2 platforms); each scenario's own
 # create uses it, --destroy never keeps it for the next, and the lab goes down at the end, also on failure.
 # Order matters on shared nodes: preflight (which must find /data untouched) first, then the stack roles,
 # the checkpoint, and serving last (its prepare finds the stack and the checkpoint already there).
+# The tier-2 groups molecule-stack and molecule-services (tests/tiers.py) each run a part of this list; every
+# scenario is in one of them (tests/unit/test_tiers.py). Tier 1 runs the verify.yml of each scenario whose converge
+# site.yml repeats against the lab layer's own converge (tests/lab/test_molecule_verify.py).
 MOLECULE_NODES := 2
-MOLECULE_SCENARIOS := preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring router offline_mirror firewall
+MOLECULE_SCENARIOS ?= preflight cuda nccl nvidia_driver vllm checkpoint vllm_serve monitoring router offline_mirror \
+	firewall
 
-molecule: lab-build ## Every role's Molecule scenario, on one lab booted once for all of them
-	@unlisted=$$(for d in molecule/*/molecule.yml; do n=$$(basename $$(dirname $$d)); \
-		case " $(MOLECULE_SCENARIOS) " in *" $$n "*) ;; *) echo $$n;; esac; done); \
-	if [ -n "$$unlisted" ]; then echo "Makefile: add $$unlisted to MOLECULE_SCENARIOS" >&2; exit 2; fi
+molecule: lab-build ## Molecule scenarios (all, or MOLECULE_SCENARIOS=...) on one lab booted once for all of them
 	@# Each scenario's state (created, prepared) belongs to the lab of an earlier run: a stale "prepared" would skip
 	@# vllm_serve's prepare on these fresh nodes.
 	@rm -rf $(CURDIR)/.ansible/molecule
-	@$(PY) $(LAB) up $(MOLECULE_NODES); status=0; \
+	@mkdir -p $(TEST_TIMES)
+	@$(PY) $(LAB) down >/dev/null; $(PY) $(LAB) up $(MOLECULE_NODES); status=0; \
 	for scenario in $(MOLECULE_SCENARIOS); do \
 		echo "== molecule test -s $$scenario"; started=$$(date +%s); \
-		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario \
+		MOLECULE_EPHEMERAL_DIRECTORY=$(CURDIR)/.ansible/molecule/$$scenario ANSIBLE_CALLBACKS_ENABLED=kimi_task_times \
+			KIMI_TASK_TIMES_FILE=$(TEST_TIMES)/playbooks.jsonl \
 			$(BIN)/molecule test -s $$scenario --destroy never || { status=$$?; break; }; \
 		echo "== molecule $$scenario: $$(( $$(date +%s) - started )) s"; \
+		echo "$$scenario $$(( $$(date +%s) - started ))" >> $(TEST_TIMES)/molecule.tsv; \
 	done; \
 	$(PY) $(LAB) down || status=$$?; \
 	exit $$status
 
-# The layers `make test` runs, in order; each one's wall time is printed at the end (CI's budget is 60 minutes).
-# lab-build comes before unit and local: their tests of the mirrors and of the checkpoint role against the lab's
-# Hugging Face mirror would otherwise skip on a machine whose lab cache is cold.
-TEST_LAYERS := lint lab-build unit local lab-test molecule
+# Tier 1, the layers `make test` runs, in order (at most 40 minutes on a clean clone on 2 cores: CONTRIBUTING.md,
+# "Test time"); each one's wall time and the slowest tests are printed at the end. lab-build comes before unit and
+# local: their tests of the mirrors and of the checkpoint role against the lab's Hugging Face mirror would
+# otherwise skip on a machine whose lab cache is cold. Tier 2 (tests/tiers.py) is `make test-all`.
+TEST_LAYERS := lint lab-build unit local lab-test
 
-test: host-deps venv ## Everything CI runs, then each layer's wall time
-	@times=$$(mktemp); status=0; \
+test: host-deps venv ## Tier 1 (what CI always runs), then each layer's wall time and the slowest tests
+	@rm -rf $(TEST_TIMES); mkdir -p $(TEST_TIMES); status=0; \
 	for layer in $(TEST_LAYERS); do \
 		started=$$(date +%s); \
 		$(MAKE) --no-print-directory $$layer || status=$$?; \
-		echo "$$layer $$(( $$(date +%s) - started ))" >> $$times; \
+		echo "$$layer $$(( $$(date +%s) - started ))" >> $(TEST_TIMES)/layers.tsv; \
 		[ $$status -eq 0 ] || { echo "make test: layer $$layer failed (exit $$status)" >&2; break; }; \
 	done; \
-	echo "== make test: wall time per layer"; \
-	awk '{ total += $$2; printf "  %-12s %5d s  (%d min %02d s)\n", $$1, $$2, $$2 / 60, $$2 % 60 } \
-		END { printf "  %-12s %5d s  (%d min %02d s)\n", "total", total, total / 60, total % 60 }' $$times; \
-	rm -f $$times; exit $$status
+	$(PY) tests/timings.py $(TEST_TIMES); exit $$status
+
+test-all: ## Tier 1 and every tier-2 group; a full pass is recorded in tests/tier2-record.json (commit it)
+	KIMI_LAB_KEEP=1 $(MAKE) --no-print-directory test
+	@status=0; $(PY) tests/tiers.py all || status=$$?; $(PY) tests/timings.py $(TEST_TIMES); exit $$status
 
 demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 	$(PY) $(LAB) up $(NODES)
@@ -140,6 +159,9 @@ demo: host-deps venv lab-build ## Lab up (NODES=2) and site.yml against it
 
 bench: venv ## Print the benchmark figures
 	@for b in bench/bench_*.py; do [ -e "$$b" ] && $(PY) $$b; done
+
+bench-converge: host-deps venv lab-build ## Time a converge that changes nothing on NODES lab nodes (boots its own lab)
+	$(PY) bench/bench_converge.py --measure $(NODES)
 
 # The air-gapped lab's bundle (inventories/lab with inventories/lab-offline, whose node1 serves it; docs/air-gapped.md),
 # built from the lab's cached mirrors (make lab-build): its apt repositories (flat and unsigned, so trusted=yes) and

@@ -28,7 +28,8 @@ from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab.conftest import ensure_serving
 from tests.lab_api import FrontDoor, connect_outcome
 
-pytestmark = pytest.mark.lab
+# Tier 2 (tests/tiers.py): make test-all, and CI while its time allows.
+pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-front-door")]
 
 SITE = REPO_ROOT / "site.yml"
 ROLLING = REPO_ROOT / "playbooks" / "rolling.yml"

@@ -24,8 +24,9 @@ import pytest
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab_api import fetch_status, generates_a_token
 
-# `make lab-airgap-test` runs it; `make lab-test` (and so `make test`) leaves it out for CI's time budget.
-pytestmark = [pytest.mark.lab, pytest.mark.airgap]
+# Tier 2 (tests/tiers.py, group lab-airgap; `make lab-airgap-test` runs it alone): make test-all, and CI while its
+# time allows.
+pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-airgap")]
 
 SITE = REPO_ROOT / "site.yml"
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"

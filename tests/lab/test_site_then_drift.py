@@ -21,7 +21,8 @@ import pytest
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab_api import RANK0_ADDRESS
 
-pytestmark = pytest.mark.lab
+# Tier 2 (tests/tiers.py): make test-all, and CI while its time allows.
+pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-drift")]
 
 SITE = REPO_ROOT / "site.yml"
 DRIFT = REPO_ROOT / "playbooks" / "drift.yml"

@@ -22,7 +22,8 @@ from plugins.module_utils import kimi_metrics
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab_api import RANK0_ADDRESS, generates_a_token
 
-pytestmark = pytest.mark.lab
+# Tier 2 (tests/tiers.py): make test-all, and CI while its time allows.
+pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-heal")]
 
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 DRIFT = REPO_ROOT / "playbooks" / "drift.yml"

@@ -20,7 +20,8 @@ import pytest
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab_api import generates_a_token
 
-pytestmark = pytest.mark.lab
+# Tier 2 (tests/tiers.py): make test-all, and CI while its time allows.
+pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-lifecycle")]
 
 SITE = REPO_ROOT / "site.yml"
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"

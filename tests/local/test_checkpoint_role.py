@@ -36,7 +36,11 @@ PLAYBOOK = REPO_ROOT / "playbooks" / "checkpoint.yml"
 TOKEN = "hf_kimiTestTokenNeverPrinted0123456789"
 PROGRESS = re.compile(r"\(\d+\.\d%\), .*ETA")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role sets ownership: run as root")
+# Tier 2 (tests/tiers.py, group local-slow): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = [
+    pytest.mark.tier2("local-slow"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the role sets ownership: run as root"),
+]
 
 
 def free_port() -> int:

@@ -23,6 +23,9 @@ import yaml
 
 from tests.ansible_run import REPO_ROOT, VENV_BIN
 
+# Tier 2 (tests/tiers.py, group local-slow): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-slow")
+
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "drift"
 CONVERGE = FIXTURES / "converge.yml"
 RECORDED = FIXTURES / "changes-check-mode.jsonl"

