@@ -23,7 +23,9 @@ from module_utils import kimi_bundle_apt as kba
 from module_utils.kimi_bundle_apt import AptBundleError, AptRequest, AptSource
 from tests.paths import REPO_ROOT
 
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
 pytestmark = [
+    pytest.mark.tier2("local-bundle"),
     pytest.mark.skipif(shutil.which("apt-get") is None, reason="no apt-get: not a Debian-family host"),
     pytest.mark.skipif(shutil.which("apt-ftparchive") is None, reason="no apt-ftparchive (apt-get install apt-utils)"),
     pytest.mark.skipif(shutil.which("gpg") is None, reason="no gpg (apt-get install gnupg)"),

@@ -30,7 +30,9 @@ from module_utils import kimi_bundle as kb
 from tests.ansible_run import REPO_ROOT, VENV_BIN, run_playbook
 from tests.lab_olah import lab_hf_or_skip, running_olah
 
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
 pytestmark = [
+    pytest.mark.tier2("local-bundle"),
     pytest.mark.skipif(shutil.which("apt-get") is None, reason="no apt-get: not a Debian-family host"),
     pytest.mark.skipif(shutil.which("apt-ftparchive") is None, reason="no apt-ftparchive (apt-get install apt-utils)"),
     pytest.mark.skipif(shutil.which("gpg") is None, reason="no gpg (apt-get install gnupg)"),

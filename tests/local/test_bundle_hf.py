@@ -45,6 +45,9 @@ from module_utils import kimi_checkpoint as ck
 from tests.lab_olah import free_port, lab_hf_or_skip, running_olah
 from tests.unit.ansible_adhoc import run_module
 
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-bundle")
+
 HF_ENV_DROP = ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_XET", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE")
 TIMINGS: dict[str, float] = {}
 # What hf asks besides the checkpoint (see test_hf_download_gets_every_file_from_the_layout).

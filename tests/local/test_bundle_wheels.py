@@ -28,6 +28,9 @@ from module_utils import kimi_bundle_wheels as kbw
 from module_utils.kimi_bundle_wheels import PipSources, WheelBundleError
 from tests.paths import REPO_ROOT
 
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-bundle")
+
 LAB_VARS = yaml.safe_load((REPO_ROOT / "inventories/lab/group_vars/all/lab.yml").read_text())
 HF_VERSION = str(
     yaml.safe_load((REPO_ROOT / "roles/checkpoint/defaults/main.yml").read_text())["checkpoint_hf_version"]

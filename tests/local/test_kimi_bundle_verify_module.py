@@ -25,7 +25,9 @@ from module_utils import kimi_bundle_apt as kba
 from tests.unit.ansible_adhoc import run_module
 
 NODE_PYTHON = "/usr/bin/python3"
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
 pytestmark = [
+    pytest.mark.tier2("local-bundle"),
     pytest.mark.skipif(shutil.which("gpg") is None, reason="no gpg (apt-get install gnupg)"),
     pytest.mark.skipif(shutil.which("gpgv") is None, reason="no gpgv (apt-get install gpgv)"),
     pytest.mark.skipif(not os.access(NODE_PYTHON, os.X_OK), reason=f"no {NODE_PYTHON} (a node's interpreter)"),

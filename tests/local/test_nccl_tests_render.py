@@ -17,6 +17,9 @@ import pytest
 
 from tests.ansible_run import REPO_ROOT, run_playbook
 
+# Tier 2 (tests/tiers.py, group local-serve): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-serve")
+
 PLAYBOOK = REPO_ROOT / "playbooks" / "nccl_tests.yml"
 INVENTORY = REPO_ROOT / "inventories" / "greennode"
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "nccl_tests"

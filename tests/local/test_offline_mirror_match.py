@@ -32,6 +32,9 @@ from module_utils import kimi_bundle as kb
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 from tests.local.test_bundle_build import environment
 
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-bundle")
+
 PLAYBOOK = REPO_ROOT / "playbooks" / "offline_mirror.yml"
 FETCH = "Fetch the manifest the offline mirror serves (from the controller)"
 NO_MANIFEST = "Refuse to go on when the offline mirror serves no manifest"

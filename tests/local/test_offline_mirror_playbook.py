@@ -20,6 +20,9 @@ import yaml
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.local.test_kimi_bundle_verify_module import WHEEL, build_bundle, make_key, sign
 
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-bundle")
+
 PLAYBOOK = REPO_ROOT / "playbooks" / "offline_mirror.yml"
 CHECK = "Refuse bad inputs before anything changes (on the controller)"
 FINGERPRINT = "2EF5 B607 163A 85FE C8C8  F7BD 01E2 C050 E168 3E6D"

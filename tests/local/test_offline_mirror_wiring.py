@@ -9,9 +9,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.ansible_run import REPO_ROOT, run_playbook
+
+# Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-bundle")
 
 SOURCES = REPO_ROOT / "tests" / "fixtures" / "offline_mirror" / "sources.yml"
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}

@@ -18,6 +18,9 @@ import pytest
 
 from tests.ansible_run import REPO_ROOT, run_playbook
 
+# Tier 2 (tests/tiers.py, group local-serve): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-serve")
+
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 GOLDEN = FIXTURES / "serve" / "golden"
 PRODUCTION_FLAGS = FIXTURES / "vllm" / "serve-flags-0.23.0.txt"

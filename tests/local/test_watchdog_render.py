@@ -19,6 +19,9 @@ import pytest
 from module_utils.kimi_watchdog import config_from_mapping
 from tests.ansible_run import REPO_ROOT, run_playbook
 
+# Tier 2 (tests/tiers.py, group local-serve): make test-all, and CI while its time allows, or when its code changed.
+pytestmark = pytest.mark.tier2("local-serve")
+
 SERVE = REPO_ROOT / "playbooks" / "serve.yml"
 INVENTORY = REPO_ROOT / "tests" / "fixtures" / "serve" / "inventories" / "lab-mp"
 UNIT_DIR = "etc/systemd/system"
