@@ -4,8 +4,9 @@ lab layer's shared converge, on the same kind of nodes with the same group_vars.
 The scenarios' full create, converge, idempotence and verify run in tier 2 (tests/tiers.py: molecule-stack and
 molecule-services). Here each role's verify still reads what the role made (packages at their pins and held, the
 venv, the checkpoint, the units, the monitoring stack), so a role that breaks its own scenario's verify fails tier 1
-too. The one-node scenarios (cuda, nccl, nvidia_driver) are checked on both nodes. Not here: firewall and router
-(their scenarios put a router on a node, which this converge has not) and offline_mirror (no mirror host).
+too. The one-node scenarios (cuda, nccl, nvidia_driver) are checked on both nodes. Not here: preflight (its verify
+proves preflight wrote nothing to /data, which a converge's checkpoint phase then fills), firewall and router (their
+scenarios put a router on a node, which this converge has not) and offline_mirror (no mirror host).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from tests.ansible_run import REPO_ROOT, run_playbook
 pytestmark = pytest.mark.lab
 
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
-SCENARIOS = ("preflight", "cuda", "nccl", "nvidia_driver", "vllm", "checkpoint", "vllm_serve", "monitoring")
-# What Molecule's provisioner hands every scenario's playbooks (.config/molecule/config.yml): the preflight verify
-# reads the reports from the project's artifacts/.
+SCENARIOS = ("cuda", "nccl", "nvidia_driver", "vllm", "checkpoint", "vllm_serve", "monitoring")
+# What Molecule's provisioner hands every scenario's playbooks (.config/molecule/config.yml).
 MOLECULE_ENV = {
     "MOLECULE_PROJECT_DIRECTORY": str(REPO_ROOT),
     "KIMI_REPORT_DIR": str(REPO_ROOT / "artifacts"),

@@ -84,6 +84,8 @@ def test_a_different_libnccl2_and_nccl_wheel_are_named_with_their_node_then_a_bu
     assert parity().rc == 0
 
 
+# Tier 2, with drift (tests/tiers.py): four stack and parity runs (about 3.5 min) for one interface name.
+@pytest.mark.tier2("lab-drift")
 def test_an_interface_missing_on_one_node_is_reported_for_that_node(serving, tmp_path):
     inventory = tmp_path / "inventory"
     inventory.mkdir()

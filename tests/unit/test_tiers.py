@@ -100,3 +100,13 @@ def test_a_failed_run_keeps_the_last_passing_time():
 def test_an_unknown_group_is_refused_by_name():
     with pytest.raises(SystemExit, match="no tier-2 group 'nope'"):
         tiers.by_name("nope")
+
+
+def test_a_full_pass_is_every_group_passing_at_one_commit():
+    runs = {"full_pass": None, "groups": {}}
+    for index, group in enumerate(tiers.GROUPS):
+        tiers.note_run(runs, group.name, 60.0, passed=True, commit="abc", when=f"2026-12-03T00:00:{index:02d}Z")
+    assert tiers.every_group_passed_at(runs, "abc")
+    assert not tiers.every_group_passed_at(runs, "def")
+    tiers.note_run(runs, tiers.GROUPS[0].name, 60.0, passed=False, commit="abc", when="2026-12-04T00:00:00Z")
+    assert not tiers.every_group_passed_at(runs, "abc")
