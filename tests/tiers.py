@@ -21,13 +21,16 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+# Run as a script (make, .ci/run) as well as imported by the tests: the repository root must be importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.processes import stop_group
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECORD = REPO_ROOT / "tests" / "tier2-record.json"
@@ -391,12 +394,7 @@ def run_group(group: Group, deadline_s: float | None = None) -> Outcome:
             rc = process.wait(timeout=deadline_s)
             status = "passed" if rc == 0 else "failed"
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            stop_group(process, grace_s=60)
             status = "cut for time"
     if group.reshapes_lab or status != "passed":
         lab_down()

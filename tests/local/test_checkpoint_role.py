@@ -30,6 +30,7 @@ import yaml
 from labctl import mirrors_hf
 
 from tests.ansible_run import REPO_ROOT, run_playbook
+from tests.processes import stop_group
 
 LAB_CACHE = Path(os.environ.get("KIMI_LAB_CACHE", "/var/cache/kimi-lab"))
 PLAYBOOK = REPO_ROOT / "playbooks" / "checkpoint.yml"
@@ -191,11 +192,7 @@ def endpoint(mirror, tmp_path_factory) -> Iterator[tuple[str, Throttle]]:
     finally:
         throttle.heal()  # lets the held connections go
         proxy.shutdown()
-        os.killpg(olah.pid, signal.SIGTERM)
-        try:
-            olah.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(olah.pid, signal.SIGKILL)
+        stop_group(olah, grace_s=15)
         log.close()
 
 
