@@ -86,6 +86,16 @@ def test_nothing_starts_after_60_minutes_and_nothing_may_end_after_65():
     assert not ok and why == "no group starts after 60 minutes of CI time"
 
 
+def test_a_group_whose_code_did_not_change_must_end_by_45_minutes():
+    runs = {"full_pass": None, "groups": {"a": {"seconds": 600}}}
+    # 12 minutes with the margin and 1 for the teardown: at 35 minutes a changed group fits (65), the rotation's
+    # does not (45); at 32 both do.
+    assert tiers.fits(A, runs, elapsed_s=35 * 60, changed=True) == (True, "")
+    ok, why = tiers.fits(A, runs, elapsed_s=35 * 60, changed=False)
+    assert not ok and "9 min left of the rotation's 45" in why
+    assert tiers.fits(A, runs, elapsed_s=32 * 60, changed=False) == (True, "")
+
+
 def test_a_failed_run_keeps_the_last_passing_time():
     runs = {"full_pass": None, "groups": {"a": {"seconds": 600}}}
     tiers.note_run(runs, "a", 30.0, passed=False, commit="abc", when="2026-12-03T00:00:00Z")
