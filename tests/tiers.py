@@ -344,14 +344,16 @@ def _commit_exists(commit: str) -> bool:
 
 def order(groups: Sequence[Group], record: dict, changed_paths: list[str] | None, rotation: int) -> list[Group]:
     """Changed groups first, then the rest; within each, the one that ran longest ago first (never run: first of
-    all), and among equals the commit count's rotation."""
+    all), by the day it ran, and among equals the commit count's rotation. The day, not the second: a full pass
+    runs its groups over a few hours, and CI never writes the record back, so finer times would put the same groups
+    first in every CI until the next full pass."""
     count = len(groups)
 
     def key(item: tuple[int, Group]) -> tuple[bool, str, int]:
         index, group = item
         changed = changed_paths is None or touches(group, changed_paths)
         last = record["groups"].get(group.name, {}).get("last_run") or {}
-        return (not changed, last.get("date", ""), (index - rotation) % count)
+        return (not changed, last.get("date", "")[:10], (index - rotation) % count)
 
     return [group for _, group in sorted(enumerate(groups), key=key)]
 

@@ -64,6 +64,12 @@ def test_changed_groups_come_first_then_the_one_that_ran_longest_ago():
     assert [g.name for g in tiers.order((A, B, C), runs, [], rotation=0)] == ["a", "c", "b"]
 
 
+def test_groups_that_ran_on_the_same_day_rotate_with_the_commit_count():
+    runs = record(a="2026-12-04T18:00:00Z", b="2026-12-04T17:00:00Z", c="2026-12-04T19:00:00Z")
+    assert [g.name for g in tiers.order((A, B, C), runs, [], rotation=0)] == ["a", "b", "c"]
+    assert [g.name for g in tiers.order((A, B, C), runs, [], rotation=2)] == ["c", "a", "b"]
+
+
 def test_a_group_that_never_ran_comes_first_and_equals_rotate_with_the_commit_count():
     assert [g.name for g in tiers.order((A, B, C), record(a="2026-12-01T00:00:00Z"), [], 0)] == ["b", "c", "a"]
     assert [g.name for g in tiers.order((A, B, C), record(), [], rotation=1)] == ["b", "c", "a"]
