@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +84,11 @@ SERVING = (
     "plugins/module_utils/kimi_systemd.py",
     "inventories/lab/",
 )
+
+# Each Molecule group depends on its own scenarios' directories and what they all share.
+MOLECULE_BASE = ("molecule/shared/", ".config/molecule/")
+MOLECULE_STACK = ("preflight", "cuda", "nccl", "nvidia_driver", "vllm", "checkpoint")
+MOLECULE_SERVICES = ("vllm_serve", "monitoring", "router", "offline_mirror", "firewall")
 
 GROUPS: tuple[Group, ...] = (
     Group(
@@ -170,8 +175,8 @@ GROUPS: tuple[Group, ...] = (
         what="Molecule create, converge, idempotence and verify of the roles that install the stack",
         kind="molecule",
         paths=(
-            "molecule/",
-            ".config/molecule/",
+            *MOLECULE_BASE,
+            *(f"molecule/{scenario}/" for scenario in MOLECULE_STACK),
             "roles/preflight/",
             "roles/cuda/",
             "roles/nccl/",
@@ -181,15 +186,15 @@ GROUPS: tuple[Group, ...] = (
             "roles/checkpoint/",
         ),
         estimate_s=8 * 60,
-        scenarios=("preflight", "cuda", "nccl", "nvidia_driver", "vllm", "checkpoint"),
+        scenarios=MOLECULE_STACK,
     ),
     Group(
         name="molecule-services",
         what="Molecule create, converge, idempotence and verify of the roles that serve, watch and guard",
         kind="molecule",
         paths=(
-            "molecule/",
-            ".config/molecule/",
+            *MOLECULE_BASE,
+            *(f"molecule/{scenario}/" for scenario in MOLECULE_SERVICES),
             "roles/vllm_serve/",
             "roles/monitoring/",
             "roles/router/",
@@ -197,7 +202,7 @@ GROUPS: tuple[Group, ...] = (
             "roles/firewall/",
         ),
         estimate_s=9 * 60,
-        scenarios=("vllm_serve", "monitoring", "router", "offline_mirror", "firewall"),
+        scenarios=MOLECULE_SERVICES,
     ),
     Group(
         name="local-serve",
@@ -308,10 +313,31 @@ def note_run(record: dict, name: str, seconds: float, passed: bool, commit: str,
         entry["seconds"] = round(seconds)
 
 
-def every_group_passed_at(record: dict, commit: str) -> bool:
-    """Every group's last run passed at this commit (make test-all, or CI's groups and the rest run after it)."""
-    runs = [record["groups"].get(group.name, {}).get("last_run") or {} for group in GROUPS]
-    return bool(commit) and all(run.get("commit") == commit and run.get("passed") for run in runs)
+def every_group_passed_at(
+    record: dict, commit: str, changed_between: Callable[[str, str], list[str] | None] | None = None
+) -> bool:
+    """Every group's last run passed at this commit, or at an earlier one from which nothing the group depends on
+    (its paths) changed up to this commit: make test-all, or groups run one by one and a failed one run again after
+    a fix to its own code. `changed_between(old, new)` lists the paths changed (None: unknown, not a pass)."""
+    if not commit:
+        return False
+    changed_between = changed_between or _paths_changed_between
+    for group in GROUPS:
+        run = record["groups"].get(group.name, {}).get("last_run") or {}
+        if not run.get("passed") or not run.get("commit"):
+            return False
+        if run["commit"] == commit:
+            continue
+        changed = changed_between(run["commit"], commit)
+        if changed is None or touches(group, changed):
+            return False
+    return True
+
+
+def _paths_changed_between(old: str, new: str) -> list[str] | None:
+    if not (_commit_exists(old) and _commit_exists(new)):
+        return None
+    return git("diff", "--name-only", f"{old}..{new}").splitlines()
 
 
 def recorded_seconds(record: dict, group: Group) -> int:

@@ -39,14 +39,14 @@ VARIABLES = {
     "kimi_bundle_codename": "bookworm",
     "vllm_python_version": "3.11",
     "vllm_platforms": ["manylinux_2_36_x86_64"],
-    "kimi_deb_pins": {"nginx-light": "1.22.1-9+deb12u11"},
+    "kimi_deb_pins": {"nginx-light": "1.22.1-9+deb12u12"},
     "kimi_vllm_pip_pins": {"vllm": "0.23.0"},
 }
-DEB = "apt/nginx-light_1.22.1-9+deb12u11_all.deb"
+DEB = "apt/nginx-light_1.22.1-9+deb12u12_all.deb"
 WHEEL = "wheels/vllm-0.23.0-cp38-abi3-manylinux_2_31_x86_64.whl"
 FILES = {
     DEB: b"deb\n" * 2500,
-    "apt/Packages": b"Package: nginx-light\nVersion: 1.22.1-9+deb12u11\n",
+    "apt/Packages": b"Package: nginx-light\nVersion: 1.22.1-9+deb12u12\n",
     WHEEL: bytes(range(256)) * 8,
     "wheels/index.html": b'<a href="vllm-0.23.0-cp38-abi3-manylinux_2_31_x86_64.whl">vllm</a>\n',
 }

@@ -126,3 +126,28 @@ def test_a_full_pass_is_every_group_passing_at_one_commit():
     assert not tiers.every_group_passed_at(runs, "def")
     tiers.note_run(runs, tiers.GROUPS[0].name, 60.0, passed=False, commit="abc", when="2026-12-04T00:00:00Z")
     assert not tiers.every_group_passed_at(runs, "abc")
+
+
+def test_a_group_passed_earlier_counts_when_nothing_it_depends_on_changed_since():
+    runs = {"full_pass": None, "groups": {}}
+    for group in tiers.GROUPS:
+        tiers.note_run(runs, group.name, 60.0, passed=True, commit="old", when="2026-12-04T00:00:00Z")
+    tiers.note_run(runs, "lab-airgap", 60.0, passed=True, commit="new", when="2026-12-04T01:00:00Z")
+
+    def only_the_mirror_role_changed(old: str, new: str) -> list[str]:
+        assert (old, new) == ("old", "new")
+        return ["roles/offline_mirror/defaults/main.yml", "CONTRIBUTING.md"]
+
+    # local-bundle and molecule-services depend on the offline mirror role too: they must run again at "new".
+    assert not tiers.every_group_passed_at(runs, "new", only_the_mirror_role_changed)
+    for name in ("local-bundle", "molecule-services"):
+        tiers.note_run(runs, name, 60.0, passed=True, commit="new", when="2026-12-04T02:00:00Z")
+    assert tiers.every_group_passed_at(runs, "new", only_the_mirror_role_changed)
+    assert not tiers.every_group_passed_at(runs, "new", lambda old, new: None)
+
+
+def test_a_molecule_group_depends_on_its_own_scenarios_only():
+    stack, services = tiers.by_name("molecule-stack"), tiers.by_name("molecule-services")
+    assert tiers.touches(services, ["molecule/offline_mirror/verify.yml"])
+    assert not tiers.touches(stack, ["molecule/offline_mirror/verify.yml"])
+    assert tiers.touches(stack, ["molecule/shared/prepare.yml"]) and tiers.touches(services, [".config/molecule/x"])

@@ -30,10 +30,10 @@ VARIABLES = {
     "kimi_bundle_codename": "bookworm",
     "vllm_python_version": "3.11",
     "vllm_platforms": ["manylinux_2_36_x86_64"],
-    "kimi_deb_pins": {"nginx-light": "1.22.1-9+deb12u11"},
+    "kimi_deb_pins": {"nginx-light": "1.22.1-9+deb12u12"},
     "kimi_vllm_pip_pins": {"vllm": "0.23.0"},
 }
-DEB = "apt/nginx-light_1.22.1-9+deb12u11_all.deb"
+DEB = "apt/nginx-light_1.22.1-9+deb12u12_all.deb"
 WHEEL = "wheels/vllm-0.23.0-cp38-abi3-manylinux_2_31_x86_64.whl"
 # What the mirror host's module imports, and what those import: each must run on a bare python3.
 MIRROR_MODULES = ("kimi_bundle_verify", "kimi_bundle_signature", "kimi_bundle_tree", "kimi_checkpoint")
@@ -68,7 +68,7 @@ def test_a_bundle_signed_by_the_pinned_key_and_matching_its_manifest_passes(bund
     assert result["problems"] == [] and result["signer"] == A
     assert (result["files"], result["symlinks"], result["bytes"]) == (5, 0, 3000 + 21 + 10 + 50 + 17)
     assert result["manifest_sha256"] == hashlib.sha256((bundle / "kimi-bundle.json").read_bytes()).hexdigest()
-    assert result["built_for"]["apt_pins"] == {"nginx-light": "1.22.1-9+deb12u11"}
+    assert result["built_for"]["apt_pins"] == {"nginx-light": "1.22.1-9+deb12u12"}
     assert result["created_at"] == "2026-12-02T00:00:00Z"
 
 
