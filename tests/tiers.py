@@ -63,6 +63,13 @@ class Group:
     # may take it over, so it goes down after the group.
     reshapes_lab: bool = False
 
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Its paths, and for a Molecule group its own scenarios' directories and what every scenario shares."""
+        if self.kind != "molecule":
+            return self.paths
+        return (*self.paths, *MOLECULE_BASE, *(f"molecule/{scenario}/" for scenario in self.scenarios))
+
     def command(self) -> list[str]:
         if self.kind == "molecule":
             return ["make", "--no-print-directory", "molecule", f"MOLECULE_SCENARIOS={' '.join(self.scenarios)}"]
@@ -85,10 +92,8 @@ SERVING = (
     "inventories/lab/",
 )
 
-# Each Molecule group depends on its own scenarios' directories and what they all share.
+# What every Molecule scenario shares (Group.watched adds each group's own scenario directories).
 MOLECULE_BASE = ("molecule/shared/", ".config/molecule/")
-MOLECULE_STACK = ("preflight", "cuda", "nccl", "nvidia_driver", "vllm", "checkpoint")
-MOLECULE_SERVICES = ("vllm_serve", "monitoring", "router", "offline_mirror", "firewall")
 
 GROUPS: tuple[Group, ...] = (
     Group(
@@ -175,8 +180,6 @@ GROUPS: tuple[Group, ...] = (
         what="Molecule create, converge, idempotence and verify of the roles that install the stack",
         kind="molecule",
         paths=(
-            *MOLECULE_BASE,
-            *(f"molecule/{scenario}/" for scenario in MOLECULE_STACK),
             "roles/preflight/",
             "roles/cuda/",
             "roles/nccl/",
@@ -186,15 +189,13 @@ GROUPS: tuple[Group, ...] = (
             "roles/checkpoint/",
         ),
         estimate_s=8 * 60,
-        scenarios=MOLECULE_STACK,
+        scenarios=("preflight", "cuda", "nccl", "nvidia_driver", "vllm", "checkpoint"),
     ),
     Group(
         name="molecule-services",
         what="Molecule create, converge, idempotence and verify of the roles that serve, watch and guard",
         kind="molecule",
         paths=(
-            *MOLECULE_BASE,
-            *(f"molecule/{scenario}/" for scenario in MOLECULE_SERVICES),
             "roles/vllm_serve/",
             "roles/monitoring/",
             "roles/router/",
@@ -202,7 +203,7 @@ GROUPS: tuple[Group, ...] = (
             "roles/firewall/",
         ),
         estimate_s=9 * 60,
-        scenarios=MOLECULE_SERVICES,
+        scenarios=("vllm_serve", "monitoring", "router", "offline_mirror", "firewall"),
     ),
     Group(
         name="local-serve",
@@ -348,16 +349,24 @@ def recorded_seconds(record: dict, group: Group) -> int:
 
 
 def touches(group: Group, changed_paths: Iterable[str]) -> bool:
-    return any(path.startswith(prefix) for path in changed_paths for prefix in group.paths)
+    return any(path.startswith(prefix) for path in changed_paths for prefix in group.watched)
+
+
+def is_changed(group: Group, changed_paths: list[str] | None) -> bool:
+    """None (the last full pass is unknown here) makes every group changed."""
+    return changed_paths is None or touches(group, changed_paths)
 
 
 def changed_since(commit: str | None) -> list[str] | None:
     """Paths changed since `commit`, uncommitted changes included; None when the commit is unknown here (then
     every group counts as changed)."""
-    if not commit or not _commit_exists(commit):
+    committed = _paths_changed_between(commit, "HEAD") if commit else None
+    if committed is None:
         return None
-    committed = git("diff", "--name-only", f"{commit}..HEAD").splitlines()
-    uncommitted = [line[3:] for line in git("status", "--porcelain").splitlines() if len(line) > 3]
+    # Not `git status --porcelain`: git() strips its output, and with it the first line's leading status column.
+    uncommitted = (
+        git("diff", "--name-only", "HEAD").splitlines() + git("ls-files", "--others", "--exclude-standard").splitlines()
+    )
     return sorted(set(committed) | set(uncommitted))
 
 
@@ -377,7 +386,7 @@ def order(groups: Sequence[Group], record: dict, changed_paths: list[str] | None
 
     def key(item: tuple[int, Group]) -> tuple[bool, str, int]:
         index, group = item
-        changed = changed_paths is None or touches(group, changed_paths)
+        changed = is_changed(group, changed_paths)
         last = record["groups"].get(group.name, {}).get("last_run") or {}
         return (not changed, last.get("date", "")[:10], (index - rotation) % count)
 
@@ -480,7 +489,7 @@ def run_ci(started_at: float) -> int:
     print(f"== tier 2 in CI: last full pass {full_pass.get('commit', 'never')[:12]} ({full_pass.get('date', '-')})")
     for group in order(GROUPS, record, changed, rotation):
         elapsed = time.time() - started_at
-        group_changed = changed is None or touches(group, changed)
+        group_changed = is_changed(group, changed)
         ok, why = fits(group, record, elapsed, changed=group_changed)
         if not ok:
             skipped.append((group, why))

@@ -43,7 +43,7 @@ def test_every_molecule_scenario_runs_in_a_tier2_group_and_in_make_molecule():
 
 def test_every_group_watches_paths_that_exist():
     for group in tiers.GROUPS:
-        for prefix in group.paths:
+        for prefix in group.watched:
             assert list(REPO_ROOT.glob(prefix.rstrip("/") + "*")), f"{group.name}: {prefix} matches nothing"
 
 
@@ -151,3 +151,19 @@ def test_a_molecule_group_depends_on_its_own_scenarios_only():
     assert tiers.touches(services, ["molecule/offline_mirror/verify.yml"])
     assert not tiers.touches(stack, ["molecule/offline_mirror/verify.yml"])
     assert tiers.touches(stack, ["molecule/shared/prepare.yml"]) and tiers.touches(services, [".config/molecule/x"])
+
+
+def test_changed_since_names_committed_modified_and_new_files_whole(monkeypatch):
+    answers = {
+        ("diff", "--name-only", "abc..HEAD"): "roles/vllm/tasks/main.yml",
+        ("diff", "--name-only", "HEAD"): "tests/tiers.py\nroles/router/defaults/main.yml",
+        ("ls-files", "--others", "--exclude-standard"): "molecule/new/verify.yml",
+    }
+    monkeypatch.setattr(tiers, "git", lambda *args: answers[args])
+    monkeypatch.setattr(tiers, "_commit_exists", lambda commit: True)
+    assert tiers.changed_since("abc") == [
+        "molecule/new/verify.yml",
+        "roles/router/defaults/main.yml",
+        "roles/vllm/tasks/main.yml",
+        "tests/tiers.py",
+    ]
