@@ -164,6 +164,32 @@ def content_fields(result: Mapping[str, Any], kind: str, args: Mapping[str, Any]
     return fields
 
 
+def path_results(result: Mapping[str, Any], args: Mapping[str, Any] | None) -> list[dict[str, Any]] | None:
+    """A task that writes several files in one module run (kimi.k2.kimi_files) as one result per file it changed,
+    each with that file's diff entries, so drift names and classifies every file like a template's. A censored
+    one (no_log) names the files its arguments list, never their content."""
+    paths = result.get("changed_paths")
+    if is_censored(result):
+        entries = (args or {}).get("files")
+        if not isinstance(entries, list):
+            return None
+        dests = [entry["dest"] for entry in entries if isinstance(entry, dict) and isinstance(entry.get("dest"), str)]
+        return [{"changed": True, "path": ", ".join(dests), "censored": True}] if dests else None
+    if not isinstance(paths, list) or not paths:
+        return None
+    entries = diffs_of(result)
+
+    def about(entry: Mapping[str, Any], path: str) -> bool:
+        before = entry.get("before")
+        return entry.get("after_header") == path or (isinstance(before, dict) and before.get("path") == path)
+
+    return [
+        {"changed": True, "path": path, "diff": [entry for entry in entries if about(entry, path)]}
+        for path in paths
+        if isinstance(path, str)
+    ]
+
+
 def loop_items(result: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
     items = result.get("results")
     if isinstance(items, list) and items and all(isinstance(item, dict) for item in items):
@@ -245,6 +271,12 @@ class CallbackModule(CallbackBase):
         args = result.task_fields.get("args") if isinstance(result.task_fields.get("args"), dict) else None
         items = loop_items(data)
         censored_loop = is_censored(data)
+        per_path = path_results(data, args) if not (skipped or failed) and data.get("changed") else None
+        if items is None and per_path:
+            for path_result in per_path:
+                fields = content_fields(path_result, "change", {"path": path_result["path"]})
+                yield {"kind": "change", **base, "item": None, **fields}
+            return
         if items is None:
             kind = "failed" if failed else classify_result(data, skipped=skipped)
             if kind:

@@ -65,6 +65,7 @@ class TaskTime:
 
     name: str
     role: str
+    action: str = ""
     seconds: float = 0.0
     hosts: set[str] = field(default_factory=set)
 
@@ -76,8 +77,8 @@ class RunTimes:
     started: float = field(default_factory=time.monotonic)
     tasks: dict[str, TaskTime] = field(default_factory=dict)
 
-    def add(self, key: str, name: str, role: str, seconds: float, hosts: set[str]) -> None:
-        entry = self.tasks.setdefault(key, TaskTime(name=name, role=role))
+    def add(self, key: str, name: str, role: str, seconds: float, hosts: set[str], action: str = "") -> None:
+        entry = self.tasks.setdefault(key, TaskTime(name=name, role=role, action=action))
         entry.seconds += seconds
         entry.hosts |= hosts
 
@@ -90,6 +91,19 @@ class RunTimes:
             totals[task.role] = totals.get(task.role, 0.0) + task.seconds
         return dict(sorted(totals.items(), key=lambda item: item[1], reverse=True))
 
+    def by_action(self) -> dict[str, dict[str, float]]:
+        """Time and task count per module: where a run that changes nothing spends its time (each task that
+        reaches a node pays for at least one module run there)."""
+        totals: dict[str, dict[str, float]] = {}
+        for task in self.tasks.values():
+            entry = totals.setdefault(task.action or "(unknown)", {"seconds": 0.0, "tasks": 0})
+            entry["seconds"] += task.seconds
+            entry["tasks"] += 1
+        ranked = sorted(totals.items(), key=lambda item: item[1]["seconds"], reverse=True)
+        return {
+            action: {"seconds": round(entry["seconds"], 2), "tasks": int(entry["tasks"])} for action, entry in ranked
+        }
+
 
 def record(playbook: str, wall_s: float, times: RunTimes, count: int) -> dict[str, Any]:
     """The JSON object one run appends: what ran, how long, where the time went."""
@@ -98,8 +112,15 @@ def record(playbook: str, wall_s: float, times: RunTimes, count: int) -> dict[st
         "wall_s": round(wall_s, 2),
         "tasks": len(times.tasks),
         "roles_s": {role: round(seconds, 2) for role, seconds in times.by_role().items()},
+        "actions": times.by_action(),
         "slowest": [
-            {"task": task.name, "role": task.role, "seconds": round(task.seconds, 2), "hosts": sorted(task.hosts)}
+            {
+                "task": task.name,
+                "role": task.role,
+                "action": task.action,
+                "seconds": round(task.seconds, 2),
+                "hosts": sorted(task.hosts),
+            }
             for task in times.slowest(count)
         ],
     }
@@ -115,8 +136,8 @@ class CallbackModule(CallbackBase):
         super().__init__()
         self._times = RunTimes()
         self._playbook = ""
-        # The task running now: its key, name, role, start and the hosts that reported on it so far.
-        self._current: tuple[str, str, str, float] | None = None
+        # The task running now: its key, name, role, module, start and the hosts that reported on it so far.
+        self._current: tuple[str, str, str, str, float] | None = None
         self._current_hosts: set[str] = set()
         self._last_result = 0.0
 
@@ -127,10 +148,10 @@ class CallbackModule(CallbackBase):
     def _close_current(self) -> None:
         if self._current is None:
             return
-        key, name, role, started = self._current
+        key, name, role, action, started = self._current
         # Until the last host's result: a task no host reported on (all skipped silently) counts until now.
         ended = self._last_result if self._current_hosts else time.monotonic()
-        self._times.add(key, name, role, max(0.0, ended - started), self._current_hosts)
+        self._times.add(key, name, role, max(0.0, ended - started), self._current_hosts, action)
         self._current = None
         self._current_hosts = set()
 
@@ -138,7 +159,7 @@ class CallbackModule(CallbackBase):
         self._close_current()
         role = task._role.get_name() if task._role else "(play)"
         path = task.get_path() or ""
-        self._current = (f"{role}|{path}|{task.get_name()}", task.get_name(), role, time.monotonic())
+        self._current = (f"{role}|{path}|{task.get_name()}", task.get_name(), role, task.action, time.monotonic())
 
     def v2_playbook_on_task_start(self, task: Any, is_conditional: bool) -> None:
         self._start(task)

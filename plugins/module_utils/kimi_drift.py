@@ -52,7 +52,19 @@ KINDS = (
     "incomplete",  # something drift needs could not be established (the pin set, the checkpoint settings)
 )
 # Actions whose changes are about a file's content or attributes.
-FILE_ACTIONS = {"template", "copy", "file", "lineinfile", "blockinfile", "replace", "ini_file", "assemble"}
+FILE_ACTIONS = {
+    "template",
+    "copy",
+    "file",
+    "lineinfile",
+    "blockinfile",
+    "replace",
+    "ini_file",
+    "assemble",
+    # The collection's own: a role's files in one module run, and a pinned deb set's preferences file.
+    "kimi_files",
+    "kimi_deb_pins",
+}
 PACKAGE_ACTIONS = {"apt", "package", "deb822_repository", "apt_repository", "apt_key", "dpkg", "debconf"}
 HOLD_ACTIONS = {"dpkg_selections"}
 PIP_ACTIONS = {"pip"}

@@ -174,7 +174,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
-    from ansible.module_utils.kimi_report import write_atomic
+    from ansible.module_utils.kimi_report import write_report_file
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import (
         Pins,
@@ -183,7 +183,7 @@ except ImportError:  # installed as the kimi.k2 collection
         report_json,
         summary_message,
     )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_file
 
 PIN_OPTIONS = {
     "deb_pins": "debs",
@@ -261,7 +261,7 @@ def main() -> None:
         path = Path(params["report_path"])
         if not module.check_mode:
             try:
-                write_atomic(path, report_json(report))
+                write_report_file(path, report_json(report))
             except OSError as error:
                 module.fail_json(msg=f"could not write {path}: {error}", **result)
         result["report_path"] = str(path)

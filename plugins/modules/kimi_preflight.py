@@ -89,10 +89,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
     from ansible.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
-    from ansible.module_utils.kimi_report import report_json, write_atomic
+    from ansible.module_utils.kimi_report import report_json, write_report_file
 except ImportError:  # installed as the kimi.k2 collection
     from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_atomic
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_report_file
 
 
 def expectations_from(hosts: dict) -> dict[str, HostExpectation]:
@@ -127,7 +127,7 @@ def main() -> None:
     verdict = evaluate(requirements, expectations_from(params["hosts"]), params["node_facts"], params["gpu_facts"])
     if params["report_path"]:
         # The one report writer: sorted JSON, written atomically, never a change.
-        write_atomic(Path(params["report_path"]), report_json(verdict))
+        write_report_file(Path(params["report_path"]), report_json(verdict))
     if not verdict["passed"]:
         module.fail_json(msg="preflight failed: " + " | ".join(verdict["failures"]), **verdict)
     module.exit_json(changed=False, **verdict)

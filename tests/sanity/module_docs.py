@@ -48,6 +48,11 @@ def argument_spec_of(path: Path) -> dict[str, Any]:
     utils = str(REPO_ROOT / "plugins" / "module_utils")
     if utils not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(utils)
+    # Modules that import their helpers as ansible_collections.kimi.k2.plugins.module_utils.* find this checkout
+    # through collections/ (links to plugins/), as ansible.cfg's collections_path does.
+    collections = str(REPO_ROOT / "collections")
+    if collections not in sys.path:
+        sys.path.append(collections)
 
     def record(self: object, *args: Any, **kwargs: Any) -> None:
         if args:

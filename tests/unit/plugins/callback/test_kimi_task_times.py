@@ -35,16 +35,28 @@ PLAYBOOK = """\
 
 def test_the_record_ranks_tasks_and_sums_roles():
     times = timer.RunTimes()
-    times.add("a", "Install", "vllm", 3.0, {"node1"})
-    times.add("b", "Write the unit", "vllm_serve", 1.0, {"node1", "node2"})
-    times.add("a", "Install", "vllm", 2.0, {"node2"})
+    times.add("a", "Install", "vllm", 3.0, {"node1"}, "ansible.builtin.command")
+    times.add("b", "Write the unit", "vllm_serve", 1.0, {"node1", "node2"}, "ansible.builtin.template")
+    times.add("a", "Install", "vllm", 2.0, {"node2"}, "ansible.builtin.command")
     line = timer.record("site.yml", 7.5, times, count=1)
     assert line == {
         "playbook": "site.yml",
         "wall_s": 7.5,
         "tasks": 2,
         "roles_s": {"vllm": 5.0, "vllm_serve": 1.0},
-        "slowest": [{"task": "Install", "role": "vllm", "seconds": 5.0, "hosts": ["node1", "node2"]}],
+        "actions": {
+            "ansible.builtin.command": {"seconds": 5.0, "tasks": 1},
+            "ansible.builtin.template": {"seconds": 1.0, "tasks": 1},
+        },
+        "slowest": [
+            {
+                "task": "Install",
+                "role": "vllm",
+                "action": "ansible.builtin.command",
+                "seconds": 5.0,
+                "hosts": ["node1", "node2"],
+            }
+        ],
     }
 
 
@@ -86,4 +98,6 @@ def test_a_run_appends_one_line_with_its_slowest_tasks_and_prints_them(tmp_path)
     assert first["playbook"].endswith("play.yml") and first["tasks"] == 2
     assert first["slowest"][0]["task"] == "Sleep a little" and first["slowest"][0]["seconds"] >= 0.6
     assert first["slowest"][0]["hosts"] == ["localhost"]
+    assert first["slowest"][0]["action"] == "ansible.builtin.command"
+    assert first["actions"]["ansible.builtin.command"]["tasks"] == 1
     assert "SLOWEST TASKS" in done.stdout and "(play): Sleep a little" in done.stdout

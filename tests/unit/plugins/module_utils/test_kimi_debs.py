@@ -1,15 +1,9 @@
-"""What a pinned set still needs, from dpkg-query's lines (roles/nvidia_repo/tasks/pinned_packages.yml)."""
+"""What a pinned set still needs, from dpkg-query's lines (kimi.k2.kimi_deb_pins, for
+roles/nvidia_repo/tasks/pinned_packages.yml)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 from module_utils.kimi_debs import DebState, parse_dpkg_query, pin_work
-from tests.paths import REPO_ROOT
-
-spec = importlib.util.spec_from_file_location("kimi_filter_debs", REPO_ROOT / "plugins" / "filter" / "kimi_debs.py")
-debs_filter = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(debs_filter)
 
 PINNED = {"libnccl2": "2.30.7-1+cuda13.3", "libnccl-dev": "2.30.7-1+cuda13.3"}
 
@@ -46,11 +40,3 @@ def test_another_version_is_installed_again_and_held_again_and_a_lost_hold_is_pu
 def test_removed_packages_with_their_config_left_are_not_installed():
     text = line("libnccl2", "2.30.7-1+cuda13.3", "deinstall", "config-files") + line("libnccl-dev", "2.30.7-1+cuda13.3")
     assert pin_work(text, PINNED) == {"install": ["libnccl2=2.30.7-1+cuda13.3"], "hold": ["libnccl2"]}
-
-
-def test_the_filter_takes_no_output_as_nothing_installed():
-    assert set(debs_filter.FilterModule().filters()) == {"deb_pin_work"}
-    assert debs_filter.deb_pin_work(None, {"nftables": "1.0.6-2+deb12u2"}) == {
-        "install": ["nftables=1.0.6-2+deb12u2"],
-        "hold": ["nftables"],
-    }
