@@ -23,6 +23,18 @@ from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 
 RESOLVE_TASK = "Resolve the whole pin set on the controller for the nodes' Python and platform (pip dry run)"
 PIP_CHECK_FAIL_TASK = "Fail on a broken requirement that is neither an override nor a package the CPU build removes"
+PIP_CHECK_TASK = "Check every installed distribution's requirements (pip check)"
+
+
+def outcomes_of(result, task: str) -> list[str]:
+    """ok or skipped, for each time the task ran in this playbook run."""
+    return [
+        event["event"]
+        for event in result.events
+        if event["event"] in ("runner_on_ok", "runner_on_skipped") and event["event_data"].get("task") == task
+    ]
+
+
 NODE_CHECK_TASK = "Refuse a node that is not the Python and platform the pin set was resolved for"
 # The nodes' interpreter: Debian 12's python3 (with python3-venv), the lab nodes' own.
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -264,8 +276,33 @@ def test_override_is_installed_without_deps_after_the_set_and_recorded(node):
     assert record["pip_check_accepted"] == [
         "kimi-demo-app 1.0 has requirement kimi-demo-lib==1.0, but you have kimi-demo-lib 2.0."
     ]
+    assert outcomes_of(result, PIP_CHECK_TASK) == ["runner_on_ok"]
     assert_ok(second := node.run(kimi_vllm_pip_overrides={"kimi-demo-lib": "2.0"}))
     assert second.changed == 0
+    # The same distributions as when pip check last passed: its answer is in the record, kept as it was.
+    assert outcomes_of(second, PIP_CHECK_TASK) == ["runner_on_skipped"]
+    assert node.read_record() == record
+    # A distribution changed by hand: the converge puts it back and pip check runs again.
+    subprocess.run(
+        [
+            str(node.venv() / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--isolated",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(node.find_links),
+            "kimi-demo-lib==1.0",
+        ],
+        capture_output=True,
+        check=True,
+    )
+    assert_ok(third := node.run(kimi_vllm_pip_overrides={"kimi-demo-lib": "2.0"}))
+    assert outcomes_of(third, PIP_CHECK_TASK) == ["runner_on_ok"]
+    assert node.read_record()["pip_check_accepted"] == record["pip_check_accepted"]
 
 
 def test_pip_check_fails_on_a_broken_requirement_the_override_brought(node):
