@@ -3,7 +3,7 @@
 Each converge reads every pinned set's packages with one `dpkg-query --show` per set and installs or holds only what
 differs: on a node that already has every package at its pin and held (every converge after the first), apt and
 dpkg_selections are skipped instead of each checking on its own (about 1.5 s per set on the lab's two nodes).
-Stdlib only: filters run it on the controller.
+Stdlib only: the kimi_deb_pins module runs it on the node, beside its preferences file.
 """
 
 from __future__ import annotations

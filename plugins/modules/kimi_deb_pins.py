@@ -106,8 +106,8 @@ def main() -> None:
     if not packages:
         module.fail_json(msg=f"packages is empty: nothing to pin in {module.params['path']}", changed=False)
     diffs: list[dict[str, Any]] = []
-    entry = {"dest": module.params["path"], "content": module.params["content"], "owner": "root", "group": "root"}
-    changed = ensure_file(module, {**entry, "mode": "0644"}, diffs)
+    preferences = {"dest": module.params["path"], "content": module.params["content"]}
+    changed = ensure_file(module, {**preferences, "owner": "root", "group": "root", "mode": "0644"}, diffs)
     work = pin_work(dpkg_query(module, list(packages)), packages)
     result: dict[str, Any] = {"changed": changed, **work}
     if module._diff:
