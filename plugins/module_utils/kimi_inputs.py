@@ -794,3 +794,20 @@ def failure_message(problems: Sequence[Mapping[str, Any]], phases: Sequence[str]
         f"(phases checked: {', '.join(phases) or 'none'}):"
     )
     return "\n".join([head, *(f"- {p['text']}" for p in problems)])
+
+
+# The kimi_inputs module's options, read by the module and by its action plugin (which runs this logic in the
+# controller's own process).
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "hosts": {"type": "dict", "required": True},
+    "phases": {"type": "list", "elements": "str", "required": True},
+    "plan": {"type": "dict"},
+    "common": {"type": "bool", "default": True},
+}
+
+
+def inputs_answer(params: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The module's answer to validated options: its return values, and the message when an input is refused."""
+    problems = judge(params["hosts"], params["phases"], params["plan"], params["common"])
+    fields = {"problems": problems, "phases": params["phases"]}
+    return fields, failure_message(problems, params["phases"]) if problems else None

@@ -128,3 +128,38 @@ def resolve_topology(
         layout=layout,
         problems=layout_problems(layout, len(hosts), per_node),
     )
+
+
+# The kimi_topology module's options, read by the module and by its action plugin (which runs this logic in the
+# controller's own process).
+ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    "hosts": {"type": "list", "elements": "str", "required": True},
+    "rank_overrides": {"type": "dict", "default": {}},
+    "gpus_per_node": {"type": "raw", "required": True},
+    "tensor_parallel_size": {"type": "raw", "required": True},
+    "pipeline_parallel_size": {"type": "raw", "default": 1},
+    "data_parallel_size": {"type": "raw", "default": 1},
+    "decode_context_parallel_size": {"type": "raw", "default": 1},
+    "enable_expert_parallel": {"type": "bool", "default": False},
+}
+LAYOUT_OPTIONS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "decode_context_parallel_size",
+    "enable_expert_parallel",
+)
+
+
+def topology_answer(params: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The module's answer to validated options: its return values, and the message when the inventory is refused."""
+    try:
+        topology = resolve_topology(
+            params["hosts"],
+            params["rank_overrides"],
+            params["gpus_per_node"],
+            {name: params[name] for name in LAYOUT_OPTIONS},
+        )
+    except TopologyError as error:
+        return {}, str(error)
+    return topology.as_dict(), "; ".join(topology.problems) or None

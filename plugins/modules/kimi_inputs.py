@@ -79,27 +79,19 @@ phases:
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_inputs import failure_message, judge
+    from ansible.module_utils.kimi_inputs import ARGUMENT_SPEC, inputs_answer
 except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import failure_message, judge
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import ARGUMENT_SPEC, inputs_answer
 
 
+# plugins/action/kimi_inputs.py runs the same answer in the controller's process (the task runs on the
+# controller anyway); this module is what runs where no action plugin is found, and what ansible-doc reads.
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "hosts": {"type": "dict", "required": True},
-            "phases": {"type": "list", "elements": "str", "required": True},
-            "plan": {"type": "dict"},
-            "common": {"type": "bool", "default": True},
-        },
-        supports_check_mode=True,
-    )
-    params = module.params
-    problems = judge(params["hosts"], params["phases"], params["plan"], params["common"])
-    result = {"changed": False, "problems": problems, "phases": params["phases"]}
-    if problems:
-        module.fail_json(msg=failure_message(problems, params["phases"]), **result)
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    fields, failure = inputs_answer(module.params)
+    if failure:
+        module.fail_json(msg=failure, changed=False, **fields)
+    module.exit_json(changed=False, **fields)
 
 
 if __name__ == "__main__":

@@ -92,46 +92,19 @@ world_size:
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_topology import TopologyError, resolve_topology
+    from ansible.module_utils.kimi_topology import ARGUMENT_SPEC, topology_answer
 except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import TopologyError, resolve_topology
-
-LAYOUT_OPTIONS = (
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "data_parallel_size",
-    "decode_context_parallel_size",
-    "enable_expert_parallel",
-)
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import ARGUMENT_SPEC, topology_answer
 
 
+# plugins/action/kimi_topology.py runs the same answer in the controller's process (the task runs on the
+# controller anyway); this module is what runs where no action plugin is found, and what ansible-doc reads.
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "hosts": {"type": "list", "elements": "str", "required": True},
-            "rank_overrides": {"type": "dict", "default": {}},
-            "gpus_per_node": {"type": "raw", "required": True},
-            "tensor_parallel_size": {"type": "raw", "required": True},
-            "pipeline_parallel_size": {"type": "raw", "default": 1},
-            "data_parallel_size": {"type": "raw", "default": 1},
-            "decode_context_parallel_size": {"type": "raw", "default": 1},
-            "enable_expert_parallel": {"type": "bool", "default": False},
-        },
-        supports_check_mode=True,
-    )
-    params = module.params
-    try:
-        topology = resolve_topology(
-            params["hosts"],
-            params["rank_overrides"],
-            params["gpus_per_node"],
-            {name: params[name] for name in LAYOUT_OPTIONS},
-        )
-    except TopologyError as error:
-        module.fail_json(msg=str(error))
-    if topology.problems:
-        module.fail_json(msg="; ".join(topology.problems), **topology.as_dict())
-    module.exit_json(changed=False, **topology.as_dict())
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    fields, failure = topology_answer(module.params)
+    if failure:
+        module.fail_json(msg=failure, **fields)
+    module.exit_json(changed=False, **fields)
 
 
 if __name__ == "__main__":
