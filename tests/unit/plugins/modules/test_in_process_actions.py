@@ -25,15 +25,9 @@ TOPOLOGY = {
     "tensor_parallel_size": 8,
     "pipeline_parallel_size": 2,
 }
-# Values every phase and the checkpoint phase accept (tests/unit/plugins/module_utils/test_kimi_inputs.py: GOOD).
+# The checkpoint phase's own values, judged without those every phase reads (`common: false`).
 HOST_VALUES = {
     "kimi_model": "kimi-k2.7-code",
-    "kimi_gpu": "h100-80gb",
-    "kimi_data_dir": "/data",
-    "kimi_checkpoint_dir": "/data/models/kimi-k2.7-code",
-    "kimi_api_port": 8000,
-    "kimi_master_port": 29501,
-    "kimi_network_interface": "ib0",
     "checkpoint_repo_id": "moonshotai/Kimi-K2.7-Code",
     "checkpoint_revision": "74797c9c62378b951a1f6fcf5c4631024e9b8bef",
 }
@@ -97,7 +91,7 @@ def test_kimi_topology_plugin_is_what_ansible_runs(tmp_path):
     "args",
     [
         {"hosts": {"node1": {"kimi_tensor_parallel_size": "a lot"}}, "phases": ["serve"]},
-        {"hosts": {"node1": HOST_VALUES}, "phases": ["checkpoint"]},
+        {"hosts": {"node1": HOST_VALUES}, "phases": ["checkpoint"], "common": False},
     ],
     ids=["refused", "accepted"],
 )
