@@ -27,6 +27,7 @@ export KIMI_TEST_TIMES_DIR := $(TEST_TIMES)
 JUNIT = --junitxml=$(TEST_TIMES)/$@.xml
 
 .PHONY: help host-deps venv promtool lint unit local lab-build lab-up lab-down lab-status lab-test molecule gpu-facts
+.PHONY: collection-links
 .PHONY: test test-all test-group lab-airgap-test demo bench bench-converge bundle clean
 
 help: ## List the targets
@@ -131,7 +132,17 @@ molecule: lab-build ## Molecule scenarios (all, or MOLECULE_SCENARIOS=...) on on
 		echo "$$scenario $$(( $$(date +%s) - started ))" >> $(TEST_TIMES)/molecule.tsv; \
 	done; \
 	$(PY) $(LAB) down || status=$$?; \
+	$(MAKE) --no-print-directory collection-links || status=$$?; \
 	exit $$status
+
+# Molecule's prerun (ansible-compat) installs the checkout as a collection into the first collections path, this
+# clone's collections/: the links below become a copy, and later edits of plugins/ would not reach an FQCN until
+# it was removed. Put the links back (make molecule does after its scenarios).
+collection-links:
+	@rm -rf collections/ansible_collections/kimi/k2
+	@mkdir -p collections/ansible_collections/kimi/k2
+	@ln -s ../../../../meta collections/ansible_collections/kimi/k2/meta
+	@ln -s ../../../../plugins collections/ansible_collections/kimi/k2/plugins
 
 # Tier 1, the layers `make test` runs, in order (at most 40 minutes on a clean clone on 2 cores: CONTRIBUTING.md,
 # "Test time"); each one's wall time and the slowest tests are printed at the end. lab-build comes before unit and
