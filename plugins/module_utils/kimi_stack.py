@@ -263,12 +263,16 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 # Run by the venv's own interpreter: importlib.metadata sees exactly what that venv would import, and it works
 # in venvs made without pip (uv). Printed as one JSON object.
+# A distribution installed twice (two site directories, or a leftover .dist-info) is read as its first copy on
+# sys.path, the one `import` loads and the one the vllm role's read_installed.yml reports: both readers must agree.
 VENV_PROBE_SCRIPT = """
-import importlib.metadata as md, json, platform, sys, sysconfig
-packages = {}
+import importlib.metadata as md, json, platform, re, sys, sysconfig
+packages, seen = {}, set()
 for dist in md.distributions():
     name = dist.metadata["Name"]
-    if name:
+    key = re.sub(r"[-_.]+", "-", name or "").lower()
+    if name and key not in seen:
+        seen.add(key)
         packages[name] = dist.version
 paths = sysconfig.get_paths()
 print(json.dumps({"python": platform.python_version(), "prefix": sys.prefix,

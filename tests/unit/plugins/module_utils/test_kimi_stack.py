@@ -193,6 +193,20 @@ def test_venv_probe_runs_in_a_real_interpreter_and_normalises_names():
     assert all(name == name.lower() and "_" not in name for name in probe["packages"])
 
 
+def test_venv_probe_reports_the_copy_python_imports_when_a_distribution_is_installed_twice(tmp_path):
+    """Two copies of one distribution on sys.path: the first is the one `import` loads, and the one the vllm
+    role's read_installed.yml reports, so parity must read the same one."""
+    for site, version in (("first", "2.28.9"), ("second", "2.30.4")):
+        info = tmp_path / site / f"nvidia_nccl_cu13-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia_nccl_cu13\nVersion: {version}\n")
+    env = {"PYTHONPATH": f"{tmp_path / 'first'}:{tmp_path / 'second'}", "PATH": "/usr/bin:/bin"}
+    completed = subprocess.run(
+        [sys.executable, "-c", kimi_stack.VENV_PROBE_SCRIPT], capture_output=True, text=True, check=True, env=env
+    )
+    assert parse_venv_probe(completed.stdout)["packages"]["nvidia-nccl-cu13"] == "2.28.9"
+
+
 def test_pip_list_json_fallback():
     text = '[{"name": "nvidia_nccl_cu13", "version": "2.28.9"}, {"name": "Torch", "version": "2.11.0"}]'
     assert parse_pip_list_json(text) == {"nvidia-nccl-cu13": "2.28.9", "torch": "2.11.0"}
