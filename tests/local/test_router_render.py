@@ -13,6 +13,8 @@ Needs root (haproxy chroots and drops to user haproxy, the files are root:haprox
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import http.client
 import json
 import os
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -292,8 +295,38 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
             "Refuse replicas haproxy cannot name or reach (before anything is installed)",
             ["No address for r9 (rank 0: node9)"],
         ),
+        (
+            # As -e gives them: strings.
+            {"router_max_body_bytes": "100", "router_rate_limit_window": "0", "router_rate_limit_requests": "-1"},
+            "Refuse a body limit, rate limit or TLS profile out of range (before anything is installed)",
+            [
+                "On router1: router_max_body_bytes is 100: a number of bytes from 1024",
+                "router_rate_limit_requests is -1",
+                "router_rate_limit_window is 0: seconds from 1 to 86400",
+            ],
+        ),
+        (
+            {"router_tls_ciphers": ["ECDHE-RSA-AES128-GCM-SHA256 ssl-min-ver TLSv1.0"], "router_tls_curves": []},
+            "Refuse a body limit, rate limit or TLS profile out of range (before anything is installed)",
+            ['not read as one word: "ECDHE-RSA-AES128-GCM-SHA256 ssl-min-ver TLSv1.0"', "router_tls_curves must not"],
+        ),
+        (
+            {"router_tls_min_version": "TLSv1.1"},
+            "Validating arguments against arg spec 'main'",  # then the spec's short description
+            ["router_tls_min_version must be one of: TLSv1.2, TLSv1.3, got: TLSv1.1"],
+        ),
     ],
-    ids=["empty-certificate", "not-pem-key", "key-characters", "no-key", "release", "replica-without-address"],
+    ids=[
+        "empty-certificate",
+        "not-pem-key",
+        "key-characters",
+        "no-key",
+        "release",
+        "replica-without-address",
+        "abuse-limits",
+        "tls-names",
+        "tls-version",
+    ],
 )
 def test_bad_inputs_are_refused_by_name_before_anything_is_written(tmp_path, site, extra, task, words):
     fresh = Site(root=tmp_path, port=site.port, certificate=site.certificate, key=site.key, cert_file=site.cert_file)
@@ -301,7 +334,7 @@ def test_bad_inputs_are_refused_by_name_before_anything_is_written(tmp_path, sit
     outcome = fresh.run(**extra)
     assert outcome.rc != 0
     (failure,) = outcome.failures
-    assert failure["task"] == task
+    assert failure["task"].startswith(task)
     for word in words:
         assert word in failure["msg"]
     events = json.dumps(outcome.events)
@@ -362,7 +395,7 @@ class Replica:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                body = json.loads(self.read_body() or b"{}")
                 replica.requests.append({"auth": self.headers.get("Authorization"), "body": body})
                 prompt = body.get("prompt")
                 try:
@@ -375,6 +408,16 @@ class Replica:
                     self.answer(replica.status, {"choices": [{"text": "pong"}], "served_by": address})
                 except (BrokenPipeError, ConnectionResetError):  # haproxy's checks close after the status
                     pass
+
+            def read_body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+                    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                data = b""
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    data += self.rfile.read(size)
+                    self.rfile.readline()
+                self.rfile.readline()  # the empty line after the last chunk (no trailers here)
+                return data
 
             def answer(self, status: int, document: dict) -> None:
                 data = json.dumps(document).encode()
@@ -438,6 +481,20 @@ class Router:
         status, data = self.request("POST", "/v1/completions", key=key, body={"model": MODEL, "prompt": prompt})
         return status, json.loads(data)
 
+    def raw(self, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+        """One HTTP/1.1 request written byte for byte (a chunked body, a body cut short): the router may answer
+        and close before it has read the whole body, so a write that fails is no error; the answer is read."""
+        address = ("127.0.0.1", self.site.port)
+        with (
+            socket.create_connection(address, timeout=15) as plain,
+            self.context.wrap_socket(plain, server_hostname="127.0.0.1") as tls,
+        ):
+            with contextlib.suppress(OSError):
+                tls.sendall(head + body)
+            response = http.client.HTTPResponse(tls)
+            response.begin()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+
     def show(self, server: str) -> dict:
         done = subprocess.run([*self.site.ctl(), "show", server], capture_output=True, text=True, check=True)
         return json.loads(done.stdout)
@@ -452,10 +509,11 @@ class Router:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def router(site, written) -> Iterator[Router]:
+@contextlib.contextmanager
+def running_router(site: Site, statuses: dict[str, int]) -> Iterator[Router]:
+    """haproxy on the site's rendered configuration, in front of a stand-in for each replica's rank 0."""
     api_port = site.port + 1
-    replicas = {"r1": Replica("127.0.0.11", api_port, 200), "r2": Replica("127.0.0.13", api_port, 500)}
+    replicas = {name: Replica(ADDRESSES[REPLICAS[name][0]], api_port, status) for name, status in statuses.items()}
     log = (site.root / "haproxy.log").open("w")
     # -db: in the foreground, without the systemd unit; otherwise as the package runs it (the same file).
     process = subprocess.Popen([HAPROXY, "-db", "-f", str(site.config)], stdout=log, stderr=subprocess.STDOUT)
@@ -473,6 +531,12 @@ def router(site, written) -> Iterator[Router]:
         log.close()
         for replica in replicas.values():
             replica.stop()
+
+
+@pytest.fixture(scope="module")
+def router(site, written) -> Iterator[Router]:
+    with running_router(site, {"r1": 200, "r2": 500}) as started:
+        yield started
 
 
 def test_the_router_proves_its_contract(router):
@@ -616,3 +680,221 @@ def test_a_mismatched_key_is_refused_by_the_pem_check(site, written, tmp_path):
     good = tmp_path / "good.pem"
     good.write_text(site.certificate + site.key)
     assert kimi_router.main(["check-pem", str(good), "--haproxy", HAPROXY]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A front door that holds under abuse (issue 26, item 5): the TLS profile, the body limit, the per-key rate,
+# chat_template. The module's site renders the defaults; a second site renders small limits, given as -e gives
+# them (strings), so that a burst stays short and the tests above never meet them.
+# ---------------------------------------------------------------------------------------------------------
+
+BURST_KEY = "burst-key-0123456789"
+LIMITS = {
+    "router_max_body_bytes": "4096",
+    "router_rate_limit_requests": "5",
+    "router_rate_limit_window": "10",
+    "router_tls_curves": "X25519,prime256v1",
+}
+DEFAULT_MAX_BODY = 4194304
+MOZILLA_INTERMEDIATE_CIPHERS = (
+    "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+    "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305"
+)
+
+
+def request_head(path: str, key: str, headers: dict[str, str | int]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {key}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunked(data: bytes, size: int = 1000) -> bytes:
+    pieces = [data[at : at + size] for at in range(0, len(data), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+def completion_body(size: int) -> bytes:
+    """A JSON completion request of exactly `size` bytes."""
+    empty = json.dumps({"model": MODEL, "prompt": ""}).encode()
+    return json.dumps({"model": MODEL, "prompt": "x" * (size - len(empty))}).encode()
+
+
+def handshake(context: ssl.SSLContext, port: int) -> tuple[str, str] | str:
+    """(version, cipher) of a TLS handshake with the router, or the reason OpenSSL gives for its failure."""
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as plain,
+            context.wrap_socket(plain, server_hostname="127.0.0.1") as tls,
+        ):
+            return tls.version(), tls.cipher()[0]
+    except ssl.SSLError as error:
+        return error.reason
+
+
+def client_context(site: Site, version: ssl.TLSVersion, ciphers: str | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(site.cert_file))
+    with warnings.catch_warnings():  # TLS 1.0 and 1.1 are deprecated in Python too: offering it is the point
+        warnings.simplefilter("ignore", DeprecationWarning)
+        context.minimum_version = context.maximum_version = version
+    if ciphers:
+        context.set_ciphers(ciphers)
+    return context
+
+
+@pytest.fixture(scope="module")
+def limited(site, written, tmp_path_factory) -> Iterator[Router]:
+    root = tmp_path_factory.mktemp("router-limits")
+    root.chmod(0o755)
+    (root / "etc").mkdir()
+    other = Site(root=root, port=free_port(), certificate=site.certificate, key=site.key, cert_file=site.cert_file)
+    outcome = other.run(kimi_router_api_keys=[*CLIENT_KEYS, BURST_KEY], **LIMITS)
+    assert outcome.rc == 0, outcome.failure_messages()
+    with running_router(other, {"r1": 200, "r2": 200}) as started:
+        yield started
+
+
+def sent_counts(router: Router) -> dict[str, int]:
+    return {name: len(replica.client_requests()) for name, replica in router.replicas.items()}
+
+
+def sent_since(router: Router, counts: dict[str, int]) -> list[dict[str, object]]:
+    """The client requests the replicas got since `counts` (sent_counts), replica by replica."""
+    return [r for name, replica in router.replicas.items() for r in replica.client_requests()[counts[name] :]]
+
+
+def test_the_tls_profile_and_the_limits_are_rendered_from_the_defaults(site, written):
+    config = site.config.read_text()
+    assert f"    ssl-default-bind-ciphers {MOZILLA_INTERMEDIATE_CIPHERS}\n" in config
+    suites = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256"
+    assert f"    ssl-default-bind-ciphersuites {suites}\n" in config
+    assert "    ssl-default-bind-curves X25519:prime256v1:secp384r1\n" in config
+    assert "    ssl-default-bind-options prefer-client-ciphers ssl-min-ver TLSv1.2 no-tls-tickets\n" in config
+    assert f"if {{ req.hdr_val(content-length) gt {DEFAULT_MAX_BODY} }}" in config
+    assert "store gpc0_rate(60s)" in config and "if { sc_gpc0_rate(0) ge 600 }" in config
+    assert "hdr Retry-After 60 " in config
+    assert "http-request track-sc0 req.fhdr(authorization),sha2(256)\n" in config
+    # The key check comes first: a request without a valid key is 401 before any limit is applied.
+    rules = [line.split(" if ")[0] for line in config.splitlines() if line.startswith("    http-request ")]
+    statuses = [rule.split("status ")[1][:3] for rule in rules if "return status" in rule]
+    assert statuses == ["403", "401", "413", "413", "413", "400", "429"], statuses
+
+
+def test_limits_given_as_strings_as_e_gives_them_are_numbers_and_lists(limited):
+    config = limited.site.config.read_text()
+    assert "if { req.hdr_val(content-length) gt 4096 }" in config and "if { sc_gpc0_rate(0) ge 5 }" in config
+    assert "store gpc0_rate(10s)" in config and "expire 20s" in config and "hdr Retry-After 10 " in config
+    assert "    ssl-default-bind-curves X25519:prime256v1\n" in config
+
+
+def test_tls_is_mozillas_intermediate_profile(router):
+    site = router.site
+    # TLS 1.0 and 1.1: the router answers with a protocol_version alert (the client offered them).
+    for old in (ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1):
+        assert handshake(client_context(site, old, "DEFAULT:@SECLEVEL=0"), site.port) == "TLSV1_ALERT_PROTOCOL_VERSION"
+    # TLS 1.2 with a cipher outside the profile (CBC, no AEAD): handshake_failure; with one of the profile: served.
+    cbc = client_context(site, ssl.TLSVersion.TLSv1_2, "ECDHE-RSA-AES128-SHA256")
+    assert handshake(cbc, site.port) == "SSLV3_ALERT_HANDSHAKE_FAILURE"
+    no_forward_secrecy = client_context(site, ssl.TLSVersion.TLSv1_2, "AES128-GCM-SHA256")
+    assert handshake(no_forward_secrecy, site.port) == "SSLV3_ALERT_HANDSHAKE_FAILURE"
+    for cipher in ("ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-CHACHA20-POLY1305"):
+        assert handshake(client_context(site, ssl.TLSVersion.TLSv1_2, cipher), site.port) == ("TLSv1.2", cipher)
+    # TLS 1.3: served, with one of its three suites.
+    version, suite = handshake(client_context(site, ssl.TLSVersion.TLSv1_3), site.port)
+    assert version == "TLSv1.3" and suite in {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
+                                                "TLS_CHACHA20_POLY1305_SHA256"}  # fmt: skip
+
+
+def test_a_body_over_the_limit_is_refused_413_announced_or_chunked(router, limited):
+    key = CLIENT_KEYS[0]
+    before = sent_counts(limited)
+    json_type = {"Content-Type": "application/json"}
+
+    def refused(outcome: tuple[int, dict[str, str], bytes], words: str) -> bool:
+        status, _, data = outcome
+        error = json.loads(data)["error"]
+        return status == 413 and error["code"] == "request_too_large" and words in error["message"]
+
+    # Content-Length over router_max_body_bytes (4096 here): 413 on the headers, before the body is read.
+    over = request_head("/v1/completions", key, {**json_type, "Content-Length": 4097})
+    assert refused(limited.raw(over, b"x" * 100), "larger than 4096 bytes")
+    # Under it: passed on whole.
+    body = completion_body(4000)
+    assert limited.raw(request_head("/v1/completions", key, {**json_type, "Content-Length": len(body)}), body)[0] == 200
+    # Chunked (no Content-Length): a small body received whole is passed on; one over the limit is 413; one
+    # bigger than haproxy holds is 413 whatever the limit, as is a small one behind 9 KiB of headers.
+    head = request_head("/v1/completions", key, {**json_type, "Transfer-Encoding": "chunked"})
+    assert limited.raw(head, chunked(completion_body(3000)))[0] == 200
+    assert refused(limited.raw(head, chunked(completion_body(6000))), "larger than 4096 bytes")
+    assert refused(limited.raw(head, chunked(completion_body(20000))), "without Content-Length")
+    padded = request_head("/v1/completions", key, {**json_type, "Transfer-Encoding": "chunked", "X-Pad": "p" * 9000})
+    assert refused(limited.raw(padded, chunked(completion_body(100))), "without Content-Length")
+    assert sorted(len(json.dumps(r["body"])) for r in sent_since(limited, before)) == [3000, 4000]
+    # A request without a body is not held to the unknown-length rule, however long its URL (the stand-in
+    # answers GET with 501: it got there).
+    long_url = "/v1/models?" + "q" * 9000
+    get = ("GET " + long_url + f" HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n\r\n").encode()
+    assert limited.raw(get)[0] == 501
+    # With the defaults (4 MiB): the same rules.
+    assert refused(router.raw(request_head("/v1/completions", key, {**json_type, "Content-Length": 4194305}),
+                              b"x" * 100), f"larger than {DEFAULT_MAX_BODY} bytes")  # fmt: skip
+    default_head = request_head("/v1/completions", key, {**json_type, "Transfer-Encoding": "chunked"})
+    assert refused(router.raw(default_head, chunked(completion_body(20000))), "without Content-Length")
+
+
+def test_chat_template_is_refused_400_however_it_is_spelled_and_chat_template_kwargs_pass(limited):
+    key = CLIENT_KEYS[1]
+    template = "{% for i in range(99999999) %}{{ i }}{% endfor %}"
+    messages = [{"role": "user", "content": "hi"}]
+    in_kwargs = {"chat_template": template}
+    bodies = [
+        json.dumps({"model": MODEL, "messages": messages, "chat_template": template}).encode(),
+        json.dumps({"model": MODEL, "messages": messages, "chat_template_kwargs": in_kwargs}).encode(),
+        # JSON escapes: the same key to vLLM's parser, with letters (and the underscore, hex in upper case) as \u.
+        b'{"model": "kimi-k2", "\\u0063hat_templat\\u0065" : "x", "messages": []}',
+        b'{"messages": [], "chat\\u005Ftemplate":"x"}',
+    ]
+    for body in bodies:
+        assert json.loads(body).keys() & {"chat_template", "chat_template_kwargs"}  # what vLLM would read
+        length = {"Content-Type": "application/json", "Content-Length": len(body)}
+        head = request_head("/v1/chat/completions", key, length)
+        status, _, data = limited.raw(head, body)
+        error = json.loads(data)["error"]
+        assert (status, error["code"], error["param"]) == (400, "chat_template_refused", "chat_template"), body
+    # chat_template_kwargs without a template, and the words as text in a message, are passed on.
+    before = sent_counts(limited)
+    allowed = [
+        {"model": MODEL, "messages": messages, "chat_template_kwargs": {"thinking": True}},
+        {"model": MODEL, "messages": [{"role": "user", "content": 'what does "chat_template": do?'}]},
+    ]
+    for body in allowed:
+        assert limited.request("POST", "/v1/chat/completions", key=key, body=body)[0] == 200
+    passed = [r["body"] for r in sent_since(limited, before)]
+    assert len(passed) == 2 and all(body in passed for body in allowed), passed
+
+
+def test_a_burst_over_the_key_rate_is_refused_429_while_other_keys_are_served(limited):
+    site = limited.site
+    before = sent_counts(limited)
+    # 8 requests at once from one key against 5 per 10 s: the first 5 are passed on, then 429 with Retry-After.
+    answers = [limited.request("POST", "/v1/completions", key=BURST_KEY, body={"prompt": CLIENT_MARK})
+               for _ in range(8)]  # fmt: skip
+    statuses = [status for status, _ in answers]
+    assert statuses[:5] == [200] * 5 and 429 in statuses[5:], statuses
+    # haproxy's rate is a sliding average: a period that turns during the burst may let one more through.
+    assert statuses.count(200) <= 6 and len(sent_since(limited, before)) == statuses.count(200)
+    error = json.loads(next(data for status, data in answers if status == 429))["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+    head = request_head("/v1/completions", BURST_KEY, {"Content-Type": "application/json", "Content-Length": 2})
+    status, headers, _ = limited.raw(head, b"{}")
+    assert (status, headers.get("retry-after")) == (429, "10")
+    # Another key is served meanwhile; a missing or wrong key is still 401 first.
+    assert limited.request("POST", "/v1/completions", key=CLIENT_KEYS[0], body={"prompt": CLIENT_MARK})[0] == 200
+    for key in (None, "wrong-key"):
+        assert limited.request("POST", "/v1/completions", key=key, body={"prompt": CLIENT_MARK})[0] == 401
+    # haproxy's table holds each key as its SHA-256, never in clear.
+    with socket.socket(socket.AF_UNIX) as admin:
+        admin.connect(str(site.socket))
+        admin.sendall(b"show table kimi_api\n")
+        table = b"".join(iter(lambda: admin.recv(65536), b"")).decode()
+    assert hashlib.sha256(f"Bearer {BURST_KEY}".encode()).hexdigest().upper() in table, table
+    assert not any(key in table for key in [BURST_KEY, *CLIENT_KEYS]), table
