@@ -13,6 +13,9 @@ build() runs, in this order:
 3b. hf, when the inventory sets kimi_bundle_checkpoint: kimi_bundle_hf.fetch_checkpoint lays the pinned
    checkpoint out under hf/ for the mirror's static server, reusing (after checking its size and checksum) every
    file the previous bundle's or a --reuse-from bundle's hf/ holds;
+3c. advisories: the advisory snapshot the build was given (kimi_advisories.py; by default the kimi role's
+   files/advisories.json) copied to advisories/advisories.json after it parses, so the bundle carries, under
+   its signed manifest, the data the input check judged its pins with (docs/air-gapped.md);
 4. manifest: every file's size and sha256 and the inputs (kimi_bundle.manifest_document), signed detached and
    armored by the key that signs the apt Release, and that signature checked against the bundle's keyring;
 5. commit: OUT's manifest is removed first, its apt/, wheels/ and hf/ swapped for the new ones, then the signature
@@ -56,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .kimi_advisories import AdvisoryDataError
+from .kimi_advisories import load as load_advisories
 from .kimi_bundle import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
@@ -104,9 +109,12 @@ from .kimi_bundle_wheels import WHEELS_DIR, PipSources, PipTool, WheelBuild, bui
 from .kimi_checkpoint import files_from_tree, select_files
 from .kimi_report import write_atomic
 
+# The advisory snapshot's place in a bundle (step 3c): a directory of its own, swapped with the others.
+ADVISORIES_DIR = "advisories"
+ADVISORIES_NAME = "advisories.json"
 # What a bundle directory holds; anything else in OUT is refused rather than swapped or listed. hf/ only when the
-# inventory has the bundle carry the checkpoint.
-BUNDLE_DIRS = (APT_DIR, WHEELS_DIR, HF_DIR)
+# inventory has the bundle carry the checkpoint, advisories/ when the build was given a snapshot.
+BUNDLE_DIRS = (APT_DIR, WHEELS_DIR, HF_DIR, ADVISORIES_DIR)
 BUNDLE_NAMES = frozenset({*BUNDLE_DIRS, MANIFEST_NAME, SIGNATURE_NAME})
 # The files each directory's step reuses from an earlier bundle.
 REUSABLE = {APT_DIR: "*.deb", WHEELS_DIR: "*.whl"}
@@ -301,11 +309,12 @@ class HubSource:
 @dataclass(frozen=True)
 class BuildSources:
     """Where the debs, the wheels and the checkpoint come from (hub: needed only when the inventory has the
-    bundle carry the checkpoint)."""
+    bundle carry the checkpoint), and the advisory snapshot the bundle carries (none: it carries none)."""
 
     apt: tuple[AptSource, ...]
     pip: PipSources
     hub: HubSource | None = None
+    advisories: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -534,6 +543,7 @@ def _build_locked(
         known = fetched.manifest_entries(HF_DIR)
         steps.append(hf_report(fetched, clock.seconds[HF_DIR]))
         _tell(on_step, steps[-1])
+    stage_advisories(staging, sources.advisories)
     with clock.phase("manifest"):
         document = write_signed_manifest(staging, inputs, key, created_at or datetime.now(UTC), known)
     with clock.phase("commit"):
@@ -551,6 +561,22 @@ def _build_locked(
         seeded=seeded,
         warnings=wheels.warnings,
     )
+
+
+def stage_advisories(staging: Path, snapshot: Path | None) -> None:
+    """The advisory snapshot into the staging area's advisories/ (replacing an interrupted run's), after it parses:
+    a bundle must not carry data the input check would refuse. None stages nothing (the commit then drops OUT's
+    old advisories/ with the rest of the old bundle)."""
+    target = staging / ADVISORIES_DIR
+    shutil.rmtree(target, ignore_errors=True)
+    if snapshot is None:
+        return
+    try:
+        load_advisories(snapshot)
+    except AdvisoryDataError as error:
+        raise BuildError(f"the advisory snapshot cannot go into the bundle: {error}") from None
+    target.mkdir(parents=True)
+    shutil.copyfile(snapshot, target / ADVISORIES_NAME)
 
 
 def hub_problems(inputs: BuildInputs, sources: BuildSources) -> list[str]:

@@ -46,6 +46,8 @@ ERROR_LINES_SHOWN = 15
 # Where the checkpoint comes from when --hf-endpoint is not given: HF_ENDPOINT as the hf CLI reads it, else the Hub.
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 APT_SOURCE_EXAMPLE = "'[trusted=yes] file:/srv/mirror ./' or 'https://deb.debian.org/debian bookworm main'"
+# The advisory snapshot a bundle carries when --advisories is not given: the one the kimi role's input check reads.
+DEFAULT_ADVISORIES = REPO_ROOT / "roles" / "kimi" / "files" / "advisories.json"
 
 
 class FlagError(ValueError):
@@ -129,6 +131,12 @@ def build_arg_parser(prog: str = "kimi-bundle") -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--reuse-from", action="append", default=[], metavar="BUNDLE", help="an earlier bundle to reuse files from"
+    )
+    build.add_argument(
+        "--advisories",
+        default=str(DEFAULT_ADVISORIES),
+        metavar="FILE",
+        help="the advisory snapshot the bundle carries as advisories/advisories.json (default: %(default)s)",
     )
     _gnupg_flag(build)
     build.add_argument("--json", action="store_true", help="print one JSON object")
@@ -231,9 +239,12 @@ def sources_from_args(args: argparse.Namespace) -> kbb.BuildSources:
     apt = _apt_sources(args, problems)
     pip = _pip_sources(args, problems)
     hub = _hub_source(args, problems)
+    advisories = Path(args.advisories).expanduser().absolute()
+    if not advisories.is_file():
+        problems.append(("--advisories", f"{args.advisories}: not a file (the snapshot bin/kimi-advisories writes)"))
     if problems:
         raise FlagError(problems)
-    return kbb.BuildSources(apt, pip, hub)
+    return kbb.BuildSources(apt, pip, hub, advisories)
 
 
 def build_flag_problems(args: argparse.Namespace) -> list[tuple[str, str]]:

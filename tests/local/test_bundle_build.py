@@ -231,7 +231,7 @@ def test_a_package_the_converge_installs_but_the_bundle_would_lack_is_named(sour
 
 def test_a_build_is_the_signed_closure_of_the_pins_and_verifies(built, gnupg):
     out, summary = built
-    names = ["apt", "hf", "kimi-bundle.json", "kimi-bundle.json.asc", "wheels"]
+    names = ["advisories", "apt", "hf", "kimi-bundle.json", "kimi-bundle.json.asc", "wheels"]
     assert sorted(path.name for path in out.iterdir()) == names
     assert not out.with_name(out.name + ".partial").exists()
     steps = summary["steps"]

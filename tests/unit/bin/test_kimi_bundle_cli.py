@@ -462,3 +462,16 @@ def test_the_shipped_inventories_name_the_release_their_nodes_run(inventory, dis
     release = {**VARIABLES, "kimi_bundle_distribution": distribution, "kimi_bundle_codename": codename}
     release["firewall_deb_pins"] = {codename: {}}
     assert kb.inputs_from_variables(release).codename == codename
+
+
+def test_the_bundle_carries_the_kimi_roles_advisory_snapshot_unless_told_otherwise(tmp_path):
+    assert cli.sources_from_args(parsed(tmp_path, *FLAGS)).advisories == cli.DEFAULT_ADVISORIES
+    assert cli.DEFAULT_ADVISORIES == REPO_ROOT / "roles" / "kimi" / "files" / "advisories.json"
+    own = tmp_path / "advisories.json"
+    own.write_text("{}")
+    assert cli.sources_from_args(parsed(tmp_path, *FLAGS, "--advisories", str(own))).advisories == own
+    with pytest.raises(FlagError) as caught:
+        cli.sources_from_args(parsed(tmp_path, *FLAGS, "--advisories", str(tmp_path / "none.json")))
+    assert caught.value.problems == [
+        ("--advisories", f"{tmp_path / 'none.json'}: not a file (the snapshot bin/kimi-advisories writes)")
+    ]

@@ -451,3 +451,43 @@ def test_the_checkpoint_steps_figures_count_files_not_the_api_answers():
         "seconds": 1.5,
     }
     assert report.step == "hf"
+
+
+# ------------------------------------------------------------------------------------ the advisory snapshot
+
+SNAPSHOT = kbb.ADVISORIES_DIR + "/" + kbb.ADVISORIES_NAME
+SHIPPED_ADVISORIES = Path(kbb.__file__).resolve().parents[2] / "roles" / "kimi" / "files" / "advisories.json"
+
+
+def test_the_snapshot_is_staged_and_listed_in_the_manifest_with_its_checksum(tmp_path):
+    staging = tmp_path / "staging"
+    write(staging / SNAPSHOT, b"an interrupted run's copy")
+    kbb.stage_advisories(staging, SHIPPED_ADVISORIES)
+    content = SHIPPED_ADVISORIES.read_bytes()
+    assert (staging / SNAPSHOT).read_bytes() == content
+    assert kb.manifest_entries(staging) == [
+        {"path": SNAPSHOT, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+    ]
+    kbb.stage_advisories(staging, None)
+    assert not (staging / kbb.ADVISORIES_DIR).exists()
+
+
+def test_a_snapshot_the_input_check_would_refuse_is_not_put_in_a_bundle(tmp_path):
+    broken = write(tmp_path / "advisories.json", b'{"format": 1}')
+    with pytest.raises(kbb.BuildError) as caught:
+        kbb.stage_advisories(tmp_path / "staging", broken)
+    assert str(caught.value) == (
+        f"the advisory snapshot cannot go into the bundle: {broken}: snapshot must be an object with its date"
+    )
+    assert not (tmp_path / "staging").exists()
+
+
+def test_the_snapshot_is_swapped_with_the_rest_of_the_bundle(tmp_path):
+    layout = kbb.layout_for(tmp_path / "out")
+    write(layout.out / SNAPSHOT, b"old")
+    assert kbb.out_dir_problems(layout.out) == []
+    staged_bundle(layout, b"new")
+    write(layout.staging / SNAPSHOT, b"new")
+    kbb.commit(layout)
+    assert (layout.out / SNAPSHOT).read_bytes() == b"new"
+    assert (layout.replaced / SNAPSHOT).read_bytes() == b"old"
