@@ -12,8 +12,11 @@ import urllib.request
 from dataclasses import dataclass
 
 RANK0_ADDRESS = "198.18.0.11"
+NODE2_ADDRESS = "198.18.0.12"
 RANK0_API = f"http://{RANK0_ADDRESS}:8000"
 SERVED_MODEL = "kimi-k2"
+# inventories/lab's kimi_api_key: the lab serves its API directly (kimi_api_public), and a public API has a key.
+LAB_API_KEY = "lab-api-key"
 
 
 def generates_a_token(timeout: float = 30) -> bool:
@@ -22,7 +25,9 @@ def generates_a_token(timeout: float = 30) -> bool:
     assert "dev br-lab" in route.stdout, f"{RANK0_ADDRESS} does not route via the lab bridge: {route.stdout}"
     body = json.dumps({"model": SERVED_MODEL, "prompt": "ping", "max_tokens": 1}).encode()
     request = urllib.request.Request(
-        f"{RANK0_API}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        f"{RANK0_API}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {LAB_API_KEY}"},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
@@ -101,3 +106,46 @@ def fetch_status(url: str) -> str:
     """A node's shell command printing the HTTP status of a GET (bare nodes have python3, not curl)."""
     script = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).status, end='')"
     return f'python3 -c "{script}" {url}'
+
+
+# A node's own view of what listens, from `ss` (not from a list a test keeps): every TCP listener that is not on
+# the loopback, as "address port" lines with the address as ss prints it (* and [::] for every address).
+LISTENERS = "ss -Htln"
+# One TCP connection per "address:port" argument from a node: {"address:port": "accepted|refused|timeout|error"}.
+CONNECT_SCRIPT = (
+    "import json, socket, sys\n"
+    "found = {}\n"
+    "for target in sys.argv[1:]:\n"
+    "    address, port = target.rsplit(':', 1)\n"
+    "    try:\n"
+    "        socket.create_connection((address, int(port)), 3).close()\n"
+    "        found[target] = 'accepted'\n"
+    "    except ConnectionRefusedError:\n"
+    "        found[target] = 'refused'\n"
+    "    except TimeoutError:\n"
+    "        found[target] = 'timeout'\n"
+    "    except OSError:\n"
+    "        found[target] = 'error'\n"
+    "print(json.dumps(found))\n"
+)
+
+
+def reachable_ports(ss_output: str, cluster_address: str) -> list[int]:
+    """The TCP ports a node listens on that another host could reach at its cluster address: every listener on
+    all addresses (0.0.0.0, *, [::]) or on that address; loopback-only listeners are left out."""
+    ports = set()
+    for line in ss_output.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        address, _, port = fields[3].rpartition(":")
+        address = address.strip("[]").split("%")[0].removeprefix("::ffff:")
+        if address in ("0.0.0.0", "*", "::", cluster_address):
+            ports.add(int(port))
+    return sorted(ports)
+
+
+def connect_from_node_command(targets: list[str]) -> str:
+    """The shell command that tries each "address:port" from a node and prints CONNECT_SCRIPT's JSON."""
+    script = CONNECT_SCRIPT.replace("'", "'\"'\"'")
+    return f"python3 -c '{script}' {' '.join(targets)}"

@@ -23,8 +23,10 @@ from urllib.parse import urlsplit
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from .kimi_advisories import refusals as advisory_refusals
 from .kimi_bundle_signature import normalise_fingerprint
 from .kimi_layout import LAYOUTS
+from .kimi_networks import network_problem
 from .kimi_presets import PlanInputError, find_gpu, find_model
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
@@ -161,6 +163,53 @@ def _ports(values: Mapping[str, Any], names: Sequence[str], phase: str) -> list[
     return problems
 
 
+# Every port of the collection, each a variable of the kimi role and nowhere else, with the kimi role's defaults
+# (roles/kimi/defaults/main.yml; test_kimi_inputs.py keeps them equal): an unset one is judged at its default.
+KIMI_PORTS = {
+    "kimi_api_port": 8000,
+    "kimi_master_port": 29501,
+    "kimi_data_parallel_rpc_port": 13345,
+    "kimi_ray_port": 6379,
+    "kimi_ray_dashboard_port": 8265,
+    "kimi_nccl_tests_master_port": 29611,
+    "kimi_prometheus_port": 9090,
+    "kimi_alertmanager_port": 9093,
+    "kimi_node_exporter_port": 9100,
+    "kimi_dcgm_exporter_port": 9400,
+    "kimi_router_port": 443,
+    "kimi_offline_mirror_port": 8081,
+}
+# The roles' own port variables before every port moved to the kimi role: an inventory that still sets one would
+# move a unit's flag and not the firewall rule (or the other way round), so it is refused, naming its successor.
+RETIRED_PORT_VARIABLES = {
+    "vllm_serve_api_port": "kimi_api_port",
+    "vllm_serve_master_port": "kimi_master_port",
+    "vllm_serve_data_parallel_rpc_port": "kimi_data_parallel_rpc_port",
+    "ray_cluster_port": "kimi_ray_port",
+    "ray_cluster_dashboard_port": "kimi_ray_dashboard_port",
+    "nccl_tests_torchrun_master_port": "kimi_nccl_tests_master_port",
+    "monitoring_prometheus_port": "kimi_prometheus_port",
+    "monitoring_alertmanager_port": "kimi_alertmanager_port",
+    "monitoring_node_exporter_port": "kimi_node_exporter_port",
+    "monitoring_dcgm_exporter_port": "kimi_dcgm_exporter_port",
+    "router_port": "kimi_router_port",
+    "offline_mirror_port": "kimi_offline_mirror_port",
+    "firewall_api_port": "kimi_api_port",
+    "firewall_group_ports": "kimi_master_port, kimi_data_parallel_rpc_port, kimi_ray_port and kimi_ray_dashboard_port",
+}
+
+
+def port_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """Every port in range and no two services on one port (the firewall keys its rules by port: two services on
+    one number would admit one's clients to the other), and no retired per-role port variable."""
+    problems = [
+        Problem(old, "every", "is no longer read: every port is a variable of the kimi role", f"set {new} instead")
+        for old, new in RETIRED_PORT_VARIABLES.items()
+        if old in values
+    ]
+    return problems + _ports({**KIMI_PORTS, **values}, tuple(KIMI_PORTS), "every")
+
+
 def common_problems(values: Mapping[str, Any]) -> list[Problem]:
     """What every phase reads from the kimi role: model, GPU, paths, ports, the announced address."""
     problems = []
@@ -174,7 +223,7 @@ def common_problems(values: Mapping[str, Any]) -> list[Problem]:
         problems.append(Problem("kimi_gpu", "every", error.message, "bin/kimi-plan --help lists the presets"))
     for name in ("kimi_data_dir", "kimi_checkpoint_dir"):
         problems += _absolute_path(values, name, "every")
-    problems += _ports(values, ("kimi_api_port", "kimi_master_port"), "every")
+    problems += port_problems(values)
     problems += _bools(values, ("kimi_enable_expert_parallel",), "every")
     host_ip = str(values.get("kimi_host_ip") or "")
     if host_ip:
@@ -249,6 +298,15 @@ def _pip_pins(values: Mapping[str, Any], phase: str) -> list[Problem]:
     return problems
 
 
+def _advisory_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    """Pins a known advisory affects (kimi_advisories.py, docs/advisories.md) and acceptances naming no advisory.
+    Judged only where the kimi role hands over its data file (kimi_advisories_file): a caller without one asked
+    for no advisory check."""
+    if "kimi_advisories_file" not in values:
+        return []
+    return [Problem(r.variable, phase, r.message, r.fix) for r in advisory_refusals(values)]
+
+
 def stack_problems(values: Mapping[str, Any]) -> list[Problem]:
     """Debian pins (exact, CUDA-consistent), the pip pin set, the driver when it is installed."""
     phase, problems = "stack", []
@@ -278,6 +336,7 @@ def stack_problems(values: Mapping[str, Any]) -> list[Problem]:
             )
         )
     problems += _pip_pins(values, phase)
+    problems += _advisory_problems(values, phase)
     problems += _bools(values, ("nvidia_driver_install", "nvidia_driver_fabricmanager", "cuda_profile"), phase)
     if as_bool(values.get("nvidia_driver_install")):
         version = str(values.get("kimi_nvidia_driver_version", "")).strip()
@@ -395,15 +454,13 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 
 def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The serve layout name and the ports it binds."""
+    """The serve layout name and the booleans of the serving role (its ports are judged with every port)."""
     phase, problems = "serve", []
     layout = values.get("vllm_serve_layout")
     if "vllm_serve_layout" in values and layout not in LAYOUTS:
         problems.append(
             Problem("vllm_serve_layout", phase, f"is not one of {', '.join(LAYOUTS)} (got {layout!r})", "pick one")
         )
-    ports = ("kimi_api_port", "kimi_master_port", "vllm_serve_data_parallel_rpc_port")
-    problems += [p for p in _ports(values, ports, phase) if p.variable == "vllm_serve_data_parallel_rpc_port"]
     problems += _bools(
         values, ("vllm_serve_language_model_only", "vllm_serve_manage_services", "vllm_serve_enforce_eager"), phase
     )
@@ -413,14 +470,6 @@ def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-# The monitoring role's ports as its defaults set them (roles/monitoring/defaults/main.yml; a unit test keeps them
-# equal): a clash with vLLM's ports is judged whether or not the inventory sets them.
-MONITORING_PORTS = {
-    "monitoring_prometheus_port": 9090,
-    "monitoring_alertmanager_port": 9093,
-    "monitoring_node_exporter_port": 9100,
-    "monitoring_dcgm_exporter_port": 9400,
-}
 MONITORING_DURATIONS = (
     "monitoring_retention",
     "monitoring_scrape_interval",
@@ -475,16 +524,13 @@ def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
 
 
 def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The monitoring hosts, ports that clash with each other or with vLLM's, durations, the webhook URL."""
+    """The monitoring hosts, durations, the webhook URL (the ports are judged with every port)."""
     phase = "monitoring"
     problems = _bools(values, ("monitoring_enabled", "monitoring_dcgm_exporter_enabled"), phase)
     enabled = as_bool(values.get("monitoring_enabled", True))
     if problems or enabled is False:
         return problems
     problems += _monitoring_hosts(values, phase)
-    ports = {**MONITORING_PORTS, **{k: values[k] for k in MONITORING_PORTS if k in values}}
-    vllm_ports = ("kimi_api_port", "kimi_master_port")
-    problems += [p for p in _ports({**values, **ports}, (*vllm_ports, *ports), phase) if p.variable in ports]
     problems += _durations(values, MONITORING_DURATIONS, phase)
     webhook = str(values.get("monitoring_webhook_url") or "")
     if webhook and urlsplit(webhook).scheme not in ("http", "https"):
@@ -494,33 +540,36 @@ def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-# The ports a serving node's own services use, as the role defaults set them when the inventory does not (vLLM's
-# API, master and data-parallel RPC ports, Ray's GCS and dashboard in layout ray, the monitoring role's);
-# test_kimi_inputs.py keeps them equal to the roles' defaults.
-NODE_PORTS = {
-    "kimi_api_port": 8000,
-    "kimi_master_port": 29501,
-    "vllm_serve_data_parallel_rpc_port": 13345,
-    "ray_cluster_port": 6379,
-    "ray_cluster_dashboard_port": 8265,
-    **MONITORING_PORTS,
+# The router's abuse limits as the router role checks them again on its hosts (roles/router/tasks/main.yml): judged
+# here too, so that a wrong one stops the run before any phase installs anything.
+ROUTER_RANGES = {
+    "router_max_body_bytes": (1024, 1073741824, "a number of bytes from 1024 to 1073741824 (1 GiB)"),
+    "router_rate_limit_requests": (0, 1000000, "requests per window from 0 (no limit) to 1000000"),
+    "router_rate_limit_window": (1, 86400, "seconds from 1 to 86400"),
 }
 
 
-def _node_port_clash(values: Mapping[str, Any], port: int, also: Sequence[str] = ()) -> str | None:
-    """The serving-node service already on ``port`` (NODE_PORTS, then the variables in `also` that `values`
-    sets), None when it is free."""
-    taken = {name: values.get(name, default) for name, default in NODE_PORTS.items()}
-    taken.update({name: values[name] for name in also if name in values})
-    return next((name for name, value in taken.items() if as_int(value) == port), None)
-
-
-# kimi_router_port's default (roles/kimi/defaults/main.yml; a unit test keeps them equal).
-ROUTER_PORT = 443
+def _router_limits(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    problems = []
+    for name, (low, high, what) in ROUTER_RANGES.items():
+        number = as_int(values[name]) if name in values else low
+        if number is None or not low <= number <= high:
+            problems.append(Problem(name, phase, f"is {values[name]!r}: {what}", "roles/router/README.md"))
+    version = values.get("router_tls_min_version", "TLSv1.2")
+    if version not in ("TLSv1.2", "TLSv1.3"):
+        problems.append(
+            Problem(
+                "router_tls_min_version",
+                phase,
+                f"is {version!r}: TLSv1.2 or TLSv1.3 (older versions are not part of the profile)",
+                "roles/router/README.md",
+            )
+        )
+    return problems
 
 
 def router_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The front door: its port, its keys, and on each router host its TLS files and a port no node service uses.
+    """The front door: its keys, and on each router host its TLS files (its port is judged with every port).
 
     ``kimi_router_inventory`` is what the kimi role read from the router hosts, never a secret itself: per host,
     whether it is also a serving node and whether its certificate and key are set. ``kimi_router_api_key_count``
@@ -530,7 +579,7 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
     routers = values.get("kimi_router_inventory") or []
     if not routers:
         return []
-    problems = _ports(values, ("kimi_router_port",), phase) if "kimi_router_port" in values else []
+    problems = _router_limits(values, phase)
     if as_int(values.get("kimi_router_api_key_count", 0)) in (None, 0):
         problems.append(
             Problem(
@@ -540,7 +589,6 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
                 'set at least one key from Vault, e.g. kimi_router_api_keys: ["{{ vault_kimi_api_key }}"]',
             )
         )
-    port = as_int(values.get("kimi_router_port", ROUTER_PORT))
     for router in routers:
         host = router.get("host", "?")
         for name, what in (("router_tls_certificate", "certificate"), ("router_tls_key", "private key")):
@@ -553,16 +601,6 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
                         f"set it from Vault to the PEM {what} the router serves (the lab makes its own CA)",
                     )
                 )
-        clash = _node_port_clash(values, port) if router.get("serving_node") and port else None
-        if clash:
-            problems.append(
-                Problem(
-                    "kimi_router_port",
-                    phase,
-                    f"is {port} on {host}, which is also a serving node and uses that port as {clash}",
-                    "give the router a port no node service uses (443, or 8443)",
-                )
-            )
     return problems
 
 
@@ -570,8 +608,6 @@ def router_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 OFFLINE_MIRROR_PHASE = "offline_mirror"
 OFFLINE_MIRROR_GROUP = "kimi_offline_mirror"
-# The mirror's port as roles/kimi/defaults/main.yml sets it (kimi_offline_mirror_port; a unit test keeps them equal).
-OFFLINE_MIRROR_PORT = 8081
 
 
 def _mirror_source(values: Mapping[str, Any], phase: str) -> list[Problem]:
@@ -629,37 +665,9 @@ def _mirror_address(values: Mapping[str, Any], phase: str) -> list[Problem]:
     return []
 
 
-def _mirror_port_clash(values: Mapping[str, Any], port: int, mirror: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(variable, what the host is besides the mirror) of the service already on `port`, None when it is free."""
-    clash = _node_port_clash(values, port) if as_bool(mirror.get("serving_node")) else None
-    if clash:
-        return clash, "a serving node"
-    if as_bool(mirror.get("router")) and as_int(values.get("kimi_router_port", ROUTER_PORT)) == port:
-        return "kimi_router_port", "a router"
-    return None
-
-
-def _mirror_port(values: Mapping[str, Any], mirror: Mapping[str, Any], phase: str) -> list[Problem]:
-    name = "offline_mirror_port"
-    port = as_int(values.get(name, OFFLINE_MIRROR_PORT))
-    if port is None or not 1 <= port <= 65535:
-        return [Problem(name, phase, f"must be a port number 1-65535 (got {values.get(name)!r})", f"set it in {WHERE}")]
-    clash = _mirror_port_clash(values, port, mirror)
-    if clash is None:
-        return []
-    return [
-        Problem(
-            name,
-            phase,
-            f"is {port}, which this host also uses as {clash[0]} (it is {clash[1]} as well as the mirror)",
-            f"give the mirror a port no service of the host uses (the default {OFFLINE_MIRROR_PORT}, if free)",
-        )
-    ]
-
-
 def offline_mirror_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The mirror host (roles/offline_mirror): one host in its group, where the bundle comes from, the pinned
-    signing key, the address and a port no other service of the host uses.
+    signing key and the address (its port is judged with every port).
 
     ``offline_mirror_inventory`` is what the role read of the inventory for this host: whether it is also a
     serving node or a router, and the hosts of the kimi_offline_mirror group. Without it (a serving node's own
@@ -684,11 +692,56 @@ def offline_mirror_problems(values: Mapping[str, Any]) -> list[Problem]:
     problems += _absolute_path(values, "offline_mirror_root", phase) if "offline_mirror_root" in values else []
     problems += _mirror_fingerprint(values, phase)
     problems += _mirror_address(values, phase)
-    problems += _mirror_port(values, mirror, phase)
+    problems += port_problems(values)
+    return problems
+
+
+def _admin_networks(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    name = "kimi_admin_networks"
+    raw = values.get(name, [])
+    entries = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(entries, list):
+        return [
+            Problem(name, phase, f"must be a list of addresses or CIDR networks (got {raw!r})", 'e.g. ["192.0.2.0/24"]')
+        ]
+    return [
+        Problem(name, phase, reason, "list the controller's and the operators' addresses or networks")
+        for reason in (network_problem(str(entry)) for entry in entries if str(entry).strip())
+        if reason
+    ]
+
+
+def firewall_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """Who may reach the nodes: admin networks that nft can load, and an API served directly to everyone only
+    where the inventory says so, has no router, and has a key (vLLM's --api-key guards some routes; an API with
+    none is open on all of them)."""
+    phase = "firewall"
+    problems = _admin_networks(values, phase)
+    problems += _bools(values, ("kimi_api_public",), phase)
+    public = as_bool(values.get("kimi_api_public", False))
+    if public and values.get("kimi_router_inventory"):
+        problems.append(
+            Problem(
+                "kimi_api_public",
+                phase,
+                "is true but the inventory has a router (kimi_router): clients reach the API through it",
+                "set kimi_api_public: false (the firewall admits the routers and the monitoring hosts to the API)",
+            )
+        )
+    elif public and not as_bool(values.get("kimi_api_key_set", False)):
+        problems.append(
+            Problem(
+                "kimi_api_public",
+                phase,
+                "is true but kimi_api_key is empty: the API would answer everyone without a key",
+                "put a router in front (a kimi_router group) or set kimi_api_key from Vault",
+            )
+        )
     return problems
 
 
 CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
+    "firewall": firewall_problems,
     "stack": stack_problems,
     "checkpoint": checkpoint_problems,
     "serve": serve_problems,

@@ -94,7 +94,7 @@ class LaunchSpec:
     launcher_path: str = ""  # nccl_tests_mpirun / nccl_tests_torchrun; empty: the launcher's name
     launcher_args: Sequence[str] = ()  # nccl_tests_mpirun_args / nccl_tests_torchrun_args, before the binary
     test_args: Sequence[str] = ()  # nccl_tests_extra_test_args, after the sizes
-    master_port: int = 29611  # nccl_tests_torchrun_master_port (torchrun only)
+    master_port: int = 29611  # kimi_nccl_tests_master_port (torchrun only)
     allow_run_as_root: bool = False  # mpirun refuses root without --allow-run-as-root
     timeout_s: int = 0  # nccl_tests_timeout: wrap the launcher in timeout(1); 0 runs without a limit
     json_path: str = ""  # nccl_tests_json_path: nccl-tests' -J file on node rank 0 (mpirun only); empty: none

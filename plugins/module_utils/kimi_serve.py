@@ -51,7 +51,7 @@ class ServeSpec:
     decode_context_parallel_size: int = 1  # kimi_decode_context_parallel_size
     enable_expert_parallel: bool = False  # kimi_enable_expert_parallel
     master_port: int = 29501  # kimi_master_port
-    data_parallel_rpc_port: int = 13345  # vllm_serve_data_parallel_rpc_port
+    data_parallel_rpc_port: int = 13345  # kimi_data_parallel_rpc_port
     api_host: str = "0.0.0.0"  # vllm_serve_api_host: every interface
     api_port: int = 8000  # kimi_api_port
     served_model_name: str = "kimi-k2"  # vllm_serve_served_model_name

@@ -9,8 +9,11 @@ short_description: Refuse, before anything is installed, the inputs a later phas
 description:
   - Judges, for every host, the values the phases in I(phases) read (the kimi role's cluster values plus the
     phase roles' variables an inventory or -e sets), that is a checkpoint revision that is a 40-hex commit, a
-    repository id of the form org/name that is the model's, exact and consistent pins, distinct ports,
-    absolute paths, a known model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
+    repository id of the form org/name that is the model's, exact and consistent pins, no pin a known advisory
+    affects (the snapshot in C(kimi_advisories_file), less C(kimi_accepted_advisories)), every C(kimi_*_port) in
+    range and none shared (and no retired per-role port variable), admin networks that are addresses or CIDR
+    networks, a public API only with a key and without a router, the router's limits in range, absolute paths, a
+    known model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
   - A phase role's variable the inventory leaves unset is judged by the kimi variable its role default derives
     from (C(checkpoint_repo_id) by C(kimi_checkpoint_repo_id); DERIVED_FROM in plugins/module_utils/kimi_inputs.py),
     and its problem names both, e.g. C(checkpoint_repo_id (or kimi_checkpoint_repo_id) is not set).

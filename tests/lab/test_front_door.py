@@ -12,8 +12,11 @@ artifacts/bench/rolling-upgrade.json, which `make bench` prints.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import shutil
+import socket
 import statistics
 import subprocess
 import threading
@@ -26,7 +29,14 @@ import yaml
 
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab.conftest import ensure_serving
-from tests.lab_api import FrontDoor, connect_outcome
+from tests.lab_api import (
+    LISTENERS,
+    FrontDoor,
+    assert_routes_via_lab_bridge,
+    connect_from_node_command,
+    connect_outcome,
+    reachable_ports,
+)
 
 # Tier 2 (tests/tiers.py): make test-all, and CI while its time allows.
 pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-front-door")]
@@ -38,6 +48,12 @@ BENCH_RECORD = REPO_ROOT / "artifacts" / "bench" / "rolling-upgrade.json"
 NODE1, NODE2 = "198.18.0.11", "198.18.0.12"
 ROUTER_PORT = 8443
 CLIENT_KEYS = ["lab-client-key-1", "lab-client-key-2"]
+# A key only the burst test uses (last in the list: verify's front-door check uses the first), and the lab's
+# per-key rate: above what the rollout's load sends on one key (two streams, a second's pause between requests:
+# about 17 per 10 s), below the burst.
+BURST_KEY = "lab-burst-key"
+LAB_RATE_LIMIT = 40
+LAB_RATE_WINDOW_S = 10
 # What two replicas behind a router change on the converged two-node lab (its stack, parity and checkpoint stay
 # as they are: preflight and parity of the new shape are the local tests' and the Molecule scenarios').
 RESHAPING_PHASES = "firewall,serve,router,monitoring,verify"
@@ -101,7 +117,9 @@ def front_door(lab_controller, tmp_path_factory):
     inventory = replicas_inventory(workdir / "inventory")
     extravars = {
         "kimi_router_port": ROUTER_PORT,
-        "kimi_router_api_keys": CLIENT_KEYS,
+        "kimi_router_api_keys": [*CLIENT_KEYS, BURST_KEY],
+        "router_rate_limit_requests": LAB_RATE_LIMIT,
+        "router_rate_limit_window": LAB_RATE_WINDOW_S,
         "kimi_api_key": BACKEND_KEY,
         "router_tls_certificate": certificate,
         "router_tls_key": key,
@@ -170,21 +188,33 @@ def test_every_route_needs_tls_and_a_key_but_health_and_metrics_is_for_monitorin
     assert door.request("GET", "/metrics")[0] == 403
 
 
-def test_the_firewall_refuses_the_lab_host_and_the_other_replica_and_admits_the_router(front_door):
+def test_every_listening_socket_admits_only_what_the_firewall_allows_from_outside_the_replica(front_door):
+    """Default deny between replicas, on every TCP socket each node really listens on (ss, not a list kept here).
+    node1 is replica a, the router and the monitoring host; node2 is replica b. From the lab host (the admin
+    network): SSH everywhere, the router's port, Prometheus and Alertmanager on node1, nothing else (not vLLM's
+    API: there is a router). From the other replica's node: node1's router port only (the front door is open to
+    everyone); node2's API and exporters from node1 (router and monitoring host), nothing else."""
     lab, _, _, _ = front_door
-    # From the lab host (no router, no monitoring host): vLLM's API on both replicas is refused.
-    assert connect_outcome(NODE1, 8000) == "refused"
-    assert connect_outcome(NODE2, 8000) == "refused"
-    # From node2 (replica b): replica a's master port is refused, and so is its API (node2 monitors nothing).
-    probe = "python3 -c 'import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 5)' {} {}"
-    refused = lab.ssh("node2", probe.format(NODE1, 29501))
-    assert refused.returncode != 0 and "ConnectionRefusedError" in refused.stderr, refused.stderr
-    assert "ConnectionRefusedError" in lab.ssh("node2", probe.format(NODE1, 8000)).stderr
-    # From node1 (the router and the monitoring host): replica b's API is accepted.
-    assert lab.ssh("node1", probe.format(NODE2, 8000)).returncode == 0
+    addresses = {"node1": NODE1, "node2": NODE2}
+    from_lab_host = {"node1": {22, ROUTER_PORT, 9090, 9093}, "node2": {22}}
+    from_other_replica = {"node1": {ROUTER_PORT}, "node2": {8000, 9100, 9400}}
+    for node, address in addresses.items():
+        listening = lab.ssh(node, LISTENERS)
+        assert listening.returncode == 0, listening.stderr
+        ports = reachable_ports(listening.stdout, address)
+        assert {22, 8000, 9100} <= set(ports), (node, ports)
+        assert {port: connect_outcome(address, port) for port in ports} == {
+            port: "accepted" if port in from_lab_host[node] else "refused" for port in ports
+        }, node
+        other = "node2" if node == "node1" else "node1"
+        tried = lab.ssh(other, connect_from_node_command([f"{address}:{port}" for port in ports]))
+        assert tried.returncode == 0, tried.stderr
+        assert json.loads(tried.stdout) == {
+            f"{address}:{port}": "accepted" if port in from_other_replica[node] else "refused" for port in ports
+        }, node
     # The rules are in the table the firewall role owns, and nftables.service loads them at boot.
     assert lab.ssh("node2", "systemctl is-enabled nftables.service").stdout.strip() == "enabled"
-    assert "table inet kimi" in lab.ssh("node2", "nft list table inet kimi").stdout
+    assert "policy drop" in lab.ssh("node2", "nft list table inet kimi").stdout
 
 
 def test_the_router_takes_a_hung_replica_out_and_puts_it_back(front_door):
@@ -206,6 +236,70 @@ def test_the_router_takes_a_hung_replica_out_and_puts_it_back(front_door):
         lab.ssh("node2", cont)
         lab.ssh("node2", "rm -f /etc/kimi/maintenance")
     print(f"replica b back in the router {wait_for_router_status(lab, 'b', 'UP', 120):.1f} s after it resumed")
+
+
+def raw_request(door: FrontDoor, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request through the router written byte for byte (a chunked body, a body cut short): the router
+    may answer and close before it has read the body, so a write that fails is no error; the answer is read."""
+    assert_routes_via_lab_bridge(door.address)
+    with (
+        socket.create_connection((door.address, door.port), timeout=60) as plain,
+        door.context().wrap_socket(plain, server_hostname=door.address) as tls,
+    ):
+        with contextlib.suppress(OSError):
+            tls.sendall(head + body)
+        reply = http.client.HTTPResponse(tls)
+        reply.begin()
+        return reply.status, {name.lower(): value for name, value in reply.getheaders()}, reply.read()
+
+
+def request_head(door: FrontDoor, method: str, path: str, key: str, headers: dict[str, str | int]) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {door.address}:{door.port}", f"Authorization: Bearer {key}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_an_oversized_body_and_a_burst_over_the_key_rate_are_refused_while_other_keys_are_served(front_door):
+    """Issue 26, item 5, through the real router in front of vLLM: a body over router_max_body_bytes (the default,
+    4 MiB), announced or chunked, is 413 at the router; a body with chat_template is 400; a burst from one key over
+    the lab's rate (LAB_RATE_LIMIT per LAB_RATE_WINDOW_S) is 429 with Retry-After while another key is served."""
+    _, _, _, door = front_door
+    json_type = {"Content-Type": "application/json"}
+    # Content-Length one byte over 4 MiB: 413 on the headers (the first 64 KiB are sent; the router reads none).
+    over = request_head(door, "POST", "/v1/completions", CLIENT_KEYS[0], {**json_type, "Content-Length": 4194305})
+    status, _, data = raw_request(door, over, b"x" * 65536)
+    assert status == 413 and json.loads(data)["error"]["code"] == "request_too_large", data
+    # Chunked, no Content-Length, 64 KiB: more than the router can hold and count, so 413 whatever the limit.
+    chunk = b"x" * 4096
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(16)) + b"0\r\n\r\n"
+    head = request_head(door, "POST", "/v1/completions", CLIENT_KEYS[0], {**json_type, "Transfer-Encoding": "chunked"})
+    status, _, data = raw_request(door, head, chunked)
+    assert status == 413 and "without Content-Length" in json.loads(data)["error"]["message"], data
+    # A template in the request: 400 at the router (vLLM 0.32.0 would refuse it too, without
+    # --trust-request-chat-template).
+    chat = {"model": "kimi-k2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    status, data = door.request("POST", "/v1/chat/completions", {**chat, "chat_template": "{{ 7 * 7 }}"})
+    assert status == 400 and json.loads(data)["error"]["code"] == "chat_template_refused", data
+
+    # The burst: one fresh key, one request after the other, until the first 429.
+    started = time.monotonic()
+    statuses: list[int] = []
+    while len(statuses) < LAB_RATE_LIMIT + 10 and 429 not in statuses:
+        statuses.append(door.request("GET", "/v1/models", key=BURST_KEY)[0])
+    took = time.monotonic() - started
+    print(f"burst: {len(statuses)} requests in {took:.1f} s, the first 429 after {statuses.count(200)} passed")
+    assert took < LAB_RATE_WINDOW_S, f"the burst took {took:.1f} s, longer than the window it must fill"
+    # haproxy's rate is a sliding average: a period that turns during the burst may let one more through.
+    assert statuses[-1] == 429 and set(statuses[:-1]) == {200}, statuses
+    assert LAB_RATE_LIMIT <= statuses.count(200) <= LAB_RATE_LIMIT + 1, statuses
+    status, headers, data = raw_request(door, request_head(door, "GET", "/v1/models", BURST_KEY, {}))
+    assert (status, headers.get("retry-after")) == (429, str(LAB_RATE_WINDOW_S)), (status, headers, data)
+    assert json.loads(data)["error"]["code"] == "rate_limit_exceeded", data
+    # Meanwhile another key is served, through to vLLM; no key is still 401.
+    assert door.request("GET", "/v1/models", key=CLIENT_KEYS[0])[0] == 200
+    status, data = door.request("POST", "/v1/completions", {"model": "kimi-k2", "prompt": "hi", "max_tokens": 1})
+    assert status == 200 and json.loads(data)["choices"], data
+    assert door.request("GET", "/v1/models", key=None)[0] == 401
 
 
 def run_load(door: FrontDoor, stop: threading.Event) -> tuple[list[float], list[str]]:

@@ -14,7 +14,15 @@ import pytest
 import yaml
 
 from tests.ansible_run import REPO_ROOT, run_playbook
-from tests.lab_api import RANK0_ADDRESS, connect_outcome, generates_a_token
+from tests.lab_api import (
+    LISTENERS,
+    NODE2_ADDRESS,
+    RANK0_ADDRESS,
+    connect_from_node_command,
+    connect_outcome,
+    generates_a_token,
+    reachable_ports,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -76,13 +84,25 @@ def test_site_converges_and_a_second_run_changes_nothing(serving):
         assert {"libnccl2", "libnccl-dev", "cuda-toolkit-13-3"} <= set(holds), holds
 
 
-def test_the_firewall_closes_the_group_ports_to_all_but_the_replica_and_leaves_the_api_open(serving):
-    # No router in this inventory: the API is the front door itself. The master port is the replica's own.
-    assert connect_outcome(RANK0_ADDRESS, 8000) == "accepted"
-    assert connect_outcome(RANK0_ADDRESS, 29501) == "refused"
-    probe = f"python3 -c 'import socket; socket.create_connection((\"{RANK0_ADDRESS}\", 29501), 5)'"
-    accepted = serving.ssh("node2", probe)
-    assert accepted.returncode == 0, accepted.stderr
+def test_every_listening_socket_is_closed_to_the_lab_host_but_ssh_the_public_api_and_monitoring(serving):
+    """Default deny, tried on every TCP socket each node really listens on (ss, not a list kept here): the lab
+    host is the admin network (SSH; Prometheus and Alertmanager on node1, the monitoring host) and, with no router
+    in this inventory and kimi_api_public, a client of the API; vLLM's, Ray's and the exporters' ports refuse it.
+    The replica's other node reaches every one of them, the ports vLLM picked at random included."""
+    addresses = {"node1": RANK0_ADDRESS, "node2": NODE2_ADDRESS}
+    allowed = {"node1": {22, 8000, 9090, 9093}, "node2": {22}}
+    for node, address in addresses.items():
+        listening = serving.ssh(node, LISTENERS)
+        assert listening.returncode == 0, listening.stderr
+        ports = reachable_ports(listening.stdout, address)
+        # vLLM's API (rank 0), the master port and node-exporter at least: the list is the node's, not ours.
+        assert {22, 9100} <= set(ports) and (node == "node2" or {8000, 29501} <= set(ports)), ports
+        from_lab_host = {port: connect_outcome(address, port) for port in ports}
+        assert from_lab_host == {p: "accepted" if p in allowed[node] else "refused" for p in ports}, node
+        peer = "node2" if node == "node1" else "node1"
+        tried = serving.ssh(peer, connect_from_node_command([f"{address}:{port}" for port in ports]))
+        assert tried.returncode == 0, tried.stderr
+        assert set(json.loads(tried.stdout).values()) == {"accepted"}, (node, tried.stdout)
 
 
 def test_data_filesystem_too_small_is_refused_with_both_numbers(serving):

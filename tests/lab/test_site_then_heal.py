@@ -218,9 +218,12 @@ def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_an
     # (lab crash + lab start is over in seconds, well within KimiNodeDown's `for`: that alert has its promtool
     # cases.)
     heal_after_power_cut(serving, receiver, "node2", ("KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
-    # The firewall came back with the node: nftables.service loaded table inet kimi at boot.
+    # The firewall came back with the node: nftables.service loaded table inet kimi at boot, before vLLM started.
     rules = serving.ssh("node2", "nft list table inet kimi")
-    assert rules.returncode == 0 and "@group_ports reject" in rules.stdout, rules.stdout + rules.stderr
+    assert rules.returncode == 0 and "ip saddr @replica_peers accept" in rules.stdout, rules.stdout + rules.stderr
+    loaded = serving.ssh("node2", "systemctl show -p ActiveEnterTimestampMonotonic --value nftables.service")
+    started = serving.ssh("node2", f"systemctl show -p ExecMainStartTimestampMonotonic --value {UNITS['node2']}")
+    assert 0 < int(loaded.stdout) <= int(started.stdout), (loaded.stdout, started.stdout)
     # Rank 0 answered /health but generated nothing: its watchdog restarted it, naming why.
     assert restarts_logged(serving, "node1", "rank0_stalled"), watchdog_journal(serving, "node1")
     restarts = prometheus("/api/v1/query", query="sum(kimi_watchdog_restarts_total)")["result"]

@@ -752,7 +752,7 @@ def nginx_site(root: Path, bundle: Path, repo_id: str, revision: str, work: Path
         {
             "ansible_managed": "test",
             "offline_mirror_listen_host": "127.0.0.1",
-            "offline_mirror_port": port,
+            "kimi_offline_mirror_port": port,
             "offline_mirror_current": str(work / "current"),
             "offline_mirror_url": f"http://127.0.0.1:{port}",
             "offline_mirror_hf": {

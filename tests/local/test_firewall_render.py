@@ -2,20 +2,19 @@
 (tests/fixtures/firewall/render.yml, with the kimi role's kimi_router_hosts and kimi_monitoring_hosts read from
 roles/kimi/vars/main.yml) for every node of a two-replica inventory, then loaded into throwaway network
 namespaces (tests/netns.py; this host's ruleset is never touched) and tried with real TCP connections over a veth
-pair:
+pair. Default deny:
 
-* with a router, a node's API port admits the router, the monitoring host (the first replica's rank 0 without a
-  kimi_monitoring group, as the monitoring role's default; that group when it has hosts) and the node's replica
-  peers (their watchdogs ask rank 0's /health), and refuses the other replica's nodes and the lab host, each
-  with a TCP reset (ECONNREFUSED at once, not a timeout);
-* without a router the API port is the front door and admits any source, while the replica's ports still refuse
-  strangers;
-* a node's master, data-parallel RPC and Ray ports admit its replica's nodes only;
-* a port the role does not name stays open, and the loopback always passes;
+* a node's replica peers reach every port, the ones vLLM, NCCL and Ray pick at random included;
+* kimi_admin_networks (the lab host here) reach SSH, and Prometheus and Alertmanager on the monitoring host (the
+  first replica's rank 0 without a kimi_monitoring group) only;
+* the API port admits the router and the monitoring host; the exporters the monitoring host only;
+* without a router the API is closed to everyone else unless kimi_api_public, and then open to any source;
+* a node that is also the router opens the router's port to everyone;
+* anyone else is refused with a TCP reset (ECONNREFUSED at once, not a timeout) on every port;
 * loading the file replaces an older table inet kimi and leaves the host's other tables as they were;
 * node1's file is the one tests/fixtures/firewall/nft records nft's listings of;
-* a host the rules name without a cluster IPv4 address fails the play, naming the host and the variable, before
-  any file is rendered.
+* a host the rules name without a cluster IPv4 address, and rules that would shut the controller out of SSH,
+  fail the play on every node, naming the host and the variable, before any file is rendered.
 """
 
 from __future__ import annotations
@@ -35,11 +34,17 @@ from tests.paths import FIXTURES
 RENDER = REPO_ROOT / "tests" / "fixtures" / "firewall" / "render.yml"
 RECORDED = FIXTURES / "firewall" / "nft" / "node1.nft"
 ADDRESSES = {"node1": "10.99.0.11", "node2": "10.99.0.12", "node3": "10.99.0.13", "node4": "10.99.0.14"}
-ROUTER, LAB_HOST = "10.99.0.5", "10.99.0.1"
+ROUTER, LAB_HOST, STRANGER = "10.99.0.5", "10.99.0.1", "10.99.0.77"
 ROUTER1 = {"kimi_cluster_address": ROUTER}
 REPLICAS = {"a": ["node1", "node2"], "b": ["node3", "node4"]}
-API, MASTER, DP_RPC, RAY_GCS, RAY_DASHBOARD, UNMANAGED = 8000, 29501, 13345, 6379, 8265, 9100
-GROUP_PORTS = [MASTER, DP_RPC, RAY_GCS, RAY_DASHBOARD]
+SSH, API, MASTER, DP_RPC, RAY_GCS, RAY_DASHBOARD = 22, 8000, 29501, 13345, 6379, 8265
+NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT = 9100, 9400, 9090, 9093, 443
+# A port vLLM's engine core or a worker's message queue picks at random at each start.
+RANDOM = 41234
+GROUP_PORTS = [MASTER, DP_RPC, RAY_GCS, RAY_DASHBOARD, RANDOM]
+ALL_PORTS = sorted({SSH, API, *GROUP_PORTS, NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT})
+# The lab host is the admin network; the controller (this test, over a local connection) has no SSH address.
+RENDER_VARS = {"kimi_admin_networks": [f"{LAB_HOST}/32"], "firewall_controller_address": ""}
 API_FROM_CLIENTS = "tcp dport @api_ports ip saddr @api_clients accept"
 API_OPEN = "tcp dport @api_ports accept"
 
@@ -47,9 +52,10 @@ UNAVAILABLE = netns.unavailable()
 needs_netns = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
 
-def inventory(directory: Path, *, router: dict | None = ROUTER1, monitoring: list[str] | None = None) -> Path:
-    """Two replicas of two nodes, router1 in a kimi_router group (none when router is None) with these host vars,
-    and the facts the kimi role sets (its contract with the roles)."""
+def inventory(directory: Path, *, router: dict | None = ROUTER1, monitoring: list[str] | None = None,
+              router_host: str = "router1") -> Path:  # fmt: skip
+    """Two replicas of two nodes, router_host in a kimi_router group (none when router is None) with these host
+    vars (a node as the router keeps its own), and the facts the kimi role sets (its contract with the roles)."""
     nodes = {
         host: {"kimi_cluster_address": address, "kimi_replica_name": name, "kimi_replica_hosts": members}
         for name, members in REPLICAS.items()
@@ -58,7 +64,7 @@ def inventory(directory: Path, *, router: dict | None = ROUTER1, monitoring: lis
     }
     children = {"kimi_nodes": {"hosts": nodes}}
     if router is not None:
-        children["kimi_router"] = {"hosts": {"router1": router}}
+        children["kimi_router"] = {"hosts": {router_host: None if router_host in nodes else router}}
     if monitoring is not None:
         children["kimi_monitoring"] = {"hosts": dict.fromkeys(monitoring)}
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "kimi_replicas": REPLICAS}
@@ -69,8 +75,8 @@ def inventory(directory: Path, *, router: dict | None = ROUTER1, monitoring: lis
 
 def render(directory: Path, extravars: dict | None = None, **kwargs):
     out = directory / "rendered"
-    out.mkdir()
-    extravars = {"firewall_render_dir": str(out), **(extravars or {})}
+    out.mkdir(parents=True)
+    extravars = {"firewall_render_dir": str(out), **RENDER_VARS, **(extravars or {})}
     outcome = run_playbook(RENDER, inventory(directory, **kwargs), extravars=extravars)
     return outcome, out
 
@@ -83,24 +89,28 @@ def rendered(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rendered_without_router(tmp_path_factory) -> Path:
-    outcome, out = render(tmp_path_factory.mktemp("firewall-open"), router=None)
+def rendered_public(tmp_path_factory) -> Path:
+    """No router, and the inventory says the API is public."""
+    outcome, out = render(
+        tmp_path_factory.mktemp("firewall-public"), router=None, extravars={"kimi_api_public": "true"}
+    )
     assert outcome.rc == 0, outcome.failure_messages()
     return out
 
 
 def file_sets(path: Path) -> dict[str, set]:
-    """Each named set's elements (addresses and ports, without comments), as the rendered file writes them."""
+    """Each named set's elements (addresses, networks and ports, without comments), as the rendered file writes
+    them."""
     sets = re.findall(r"^\tset (\w+) \{\n(.*?)^\t\}", path.read_text(), re.MULTILINE | re.DOTALL)
     return {
-        name: {int(e) if e.isdigit() else e for e in re.findall(r"^\t+([0-9.]+) comment", block, re.MULTILINE)}
+        name: {int(e) if e.isdigit() else e for e in re.findall(r"^\t\t\t([0-9a-f.:/]+)", block, re.MULTILINE)}
         for name, block in sets
     }
 
 
 def input_rules(path: Path) -> list[str]:
     """The input chain's rules, as the rendered file writes them."""
-    chain = path.read_text().split("chain input {")[1].split("}")[0]
+    chain = path.read_text().split("chain input {")[1].split("\n\t}")[0]
     lines = [line.strip() for line in chain.splitlines()]
     return [line for line in lines if line and not line.startswith(("#", "type filter"))]
 
@@ -111,7 +121,16 @@ def loaded_sets(path: Path) -> dict[str, set]:
         namespace.nft("-f", str(path))
         document = json.loads(namespace.nft("-j", "list", "table", "inet", "kimi").stdout)
     sets = [item["set"] for item in document["nftables"] if "set" in item]
-    return {s["name"]: {e["elem"]["val"] if isinstance(e, dict) else e for e in s.get("elem", [])} for s in sets}
+    found = {}
+    for entry in sets:
+        elements = set()
+        for element in entry.get("elem", []):
+            value = element["elem"]["val"] if isinstance(element, dict) and "elem" in element else element
+            if isinstance(value, dict) and "prefix" in value:
+                value = f"{value['prefix']['addr']}/{value['prefix']['len']}"
+            elements.add(value)
+        found[entry["name"]] = elements
+    return found
 
 
 def tried(rules: Path, node: str, expected: dict[str, dict[int, str]]) -> dict[str, dict[int, str]]:
@@ -119,10 +138,9 @@ def tried(rules: Path, node: str, expected: dict[str, dict[int, str]]) -> dict[s
     rules are loaded there, for the sources and ports of `expected`; asserts that every refusal came at once and
     that the node still reaches its own API on its cluster address (through the loopback)."""
     target = ADDRESSES[node]
-    ports = sorted({API, *GROUP_PORTS, UNMANAGED})
     with netns.Netns() as server, netns.Netns() as clients:
         netns.link(server, clients, [target], list(expected))
-        listener = server.listen("0.0.0.0", ports)
+        listener = server.listen("0.0.0.0", ALL_PORTS)
         try:
             # Without the table every source gets through: the refusals are the table's.
             assert {clients.connect(source, target, API)[0] for source in expected} == {"accepted"}
@@ -140,32 +158,49 @@ def tried(rules: Path, node: str, expected: dict[str, dict[int, str]]) -> dict[s
     return {source: {port: outcome for port, (outcome, _) in by.items()} for source, by in seen.items()}
 
 
-def test_every_node_admits_the_router_the_first_replicas_rank_0_and_its_own_replica_to_the_api(rendered):
+def every_port(outcome: str, **but: str) -> dict[int, str]:
+    """Every port of ALL_PORTS with `outcome`, except those named (by their constant's name) with theirs."""
+    named = {globals()[name.upper()]: value for name, value in but.items()}
+    return {port: named.get(port, outcome) for port in ALL_PORTS}
+
+
+def test_every_node_admits_the_router_and_the_monitoring_host_to_the_api_and_its_replica_to_all(rendered):
     assert sorted(p.name for p in rendered.iterdir()) == [f"{host}.nft" for host in ADDRESSES]
-    for host, address in ADDRESSES.items():
+    for host in ADDRESSES:
         sets = file_sets(rendered / f"{host}.nft")
         replica = {ADDRESSES[member] for member in next(m for m in REPLICAS.values() if host in m)}
-        assert sets["api_clients"] == {ROUTER, ADDRESSES["node1"]} | replica, host
-        assert sets["group_peers"] == replica, host
-        assert address in sets["group_peers"]
-        assert sets["api_ports"] == {API}
-        assert sets["group_ports"] == set(GROUP_PORTS)
+        assert sets["api_clients"] == {ROUTER, ADDRESSES["node1"]}, host
+        assert sets["monitoring_hosts"] == {ADDRESSES["node1"]}, host
+        assert sets["replica_peers"] == replica, host
+        assert sets["admin_networks"] == {LAB_HOST} and sets["admin_networks6"] == set(), host
+        assert (sets["ssh_ports"], sets["api_ports"], sets["exporter_ports"]) == ({SSH}, {API}, {NODE_EXPORTER, DCGM})
+        # Only the monitoring host (node1) opens Prometheus and Alertmanager; no node is the router.
+        assert ("monitoring_ports" in sets) == (host == "node1"), host
+        assert "router_ports" not in sets and "mirror_ports" not in sets
         assert API_FROM_CLIENTS in input_rules(rendered / f"{host}.nft")
 
 
-def test_the_file_names_each_address_and_port(rendered):
+def test_the_chain_denies_by_default_and_names_each_address_and_port(rendered):
     text = (rendered / "node1.nft").read_text()
     assert '10.99.0.5 comment "router1"' in text and '10.99.0.11 comment "node1"' in text
-    assert '13345 comment "vLLM data-parallel RPC port",' in text
+    assert '9100 comment "node-exporter",' in text and '9093 comment "Alertmanager"' in text
     assert input_rules(rendered / "node1.nft") == [
         'iif "lo" accept',
         "ct state established,related accept",
+        "ct state invalid drop",
+        "meta l4proto { icmp, icmpv6 } accept",
+        "udp sport 67 udp dport 68 accept",
+        "udp sport 547 udp dport 546 accept",
+        "ip saddr @replica_peers accept",
+        "tcp dport @ssh_ports ip saddr @admin_networks accept",
+        "tcp dport @ssh_ports ip6 saddr @admin_networks6 accept",
         API_FROM_CLIENTS,
-        "tcp dport @api_ports reject with tcp reset",
-        "tcp dport @group_ports ip saddr @group_peers accept",
-        "tcp dport @group_ports reject with tcp reset",
+        "tcp dport @exporter_ports ip saddr @monitoring_hosts accept",
+        "tcp dport @monitoring_ports ip saddr @admin_networks accept",
+        "tcp dport @monitoring_ports ip6 saddr @admin_networks6 accept",
+        "meta l4proto tcp reject with tcp reset",
     ]
-    assert "type filter hook input priority filter; policy accept;" in text
+    assert "type filter hook input priority filter; policy drop;" in text
     assert "flush ruleset" not in text
 
 
@@ -176,35 +211,35 @@ def test_node1s_file_is_the_one_nfts_listings_were_recorded_from(rendered):
 
 
 @needs_netns
-def test_nft_holds_the_sets_the_file_writes(rendered, rendered_without_router):
-    for path in [*rendered.iterdir(), *rendered_without_router.iterdir()]:
+def test_nft_holds_the_sets_the_file_writes(rendered, rendered_public):
+    for path in [*rendered.iterdir(), *rendered_public.iterdir()]:
         assert loaded_sets(path) == file_sets(path), path.name
 
 
 @needs_netns
-def test_real_connections_are_admitted_or_refused_at_once(rendered):
-    node2, node3, node4 = ADDRESSES["node2"], ADDRESSES["node3"], ADDRESSES["node4"]
+def test_real_connections_to_the_monitoring_host_are_admitted_or_refused_at_once(rendered):
+    node2, node3 = ADDRESSES["node2"], ADDRESSES["node3"]
     expected = {
-        ROUTER: {API: "accepted", MASTER: "refused"},
-        # node1's replica peer: its watchdog asks rank 0's /health.
-        node2: {API: "accepted", **dict.fromkeys(GROUP_PORTS, "accepted")},
-        node3: {API: "refused", MASTER: "refused", DP_RPC: "refused"},
-        node4: {API: "refused", **dict.fromkeys(GROUP_PORTS, "refused")},
-        LAB_HOST: {API: "refused", MASTER: "refused", RAY_DASHBOARD: "refused", UNMANAGED: "accepted"},
+        ROUTER: every_port("refused", api="accepted"),
+        # node1's replica peer: every port, the random ones included.
+        node2: every_port("accepted"),
+        node3: every_port("refused"),
+        LAB_HOST: every_port("refused", ssh="accepted", prometheus="accepted", alertmanager="accepted"),
+        STRANGER: every_port("refused"),
     }
     assert tried(rendered / "node1.nft", "node1", expected) == expected
 
 
 @needs_netns
-def test_the_monitoring_host_reaches_the_other_replicas_api_and_none_of_its_ports(rendered):
+def test_the_monitoring_host_reaches_the_api_and_exporters_of_the_other_replica_and_nothing_else(rendered):
     node1, node2, node4 = ADDRESSES["node1"], ADDRESSES["node2"], ADDRESSES["node4"]
     expected = {
-        ROUTER: {API: "accepted", MASTER: "refused"},
-        # The monitoring host (the first replica's rank 0): Prometheus scrapes every replica's API.
-        node1: {API: "accepted", **dict.fromkeys(GROUP_PORTS, "refused")},
-        node2: {API: "refused", MASTER: "refused", RAY_GCS: "refused"},
-        node4: {API: "accepted", **dict.fromkeys(GROUP_PORTS, "accepted")},
-        LAB_HOST: {API: "refused", DP_RPC: "refused", UNMANAGED: "accepted"},
+        ROUTER: every_port("refused", api="accepted"),
+        node1: every_port("refused", api="accepted", node_exporter="accepted", dcgm="accepted"),
+        node2: every_port("refused"),
+        node4: every_port("accepted"),
+        # node3 runs no Prometheus: the admin network reaches its SSH only.
+        LAB_HOST: every_port("refused", ssh="accepted"),
     }
     assert tried(rendered / "node3.nft", "node3", expected) == expected
 
@@ -225,59 +260,50 @@ def test_loading_replaces_an_older_table_and_leaves_other_tables_alone(rendered,
         assert namespace.nft("list", "table", "ip", "filter").stdout == before
 
 
-def test_without_a_router_every_nodes_api_is_open_and_its_replica_ports_are_not(rendered_without_router):
-    assert sorted(p.name for p in rendered_without_router.iterdir()) == [f"{host}.nft" for host in ADDRESSES]
-    for host in ADDRESSES:
-        path = rendered_without_router / f"{host}.nft"
-        rules = input_rules(path)
-        assert API_OPEN in rules and API_FROM_CLIENTS not in rules, host
-        assert "tcp dport @api_ports reject with tcp reset" not in rules, host
-        assert rules[-2:] == [
-            "tcp dport @group_ports ip saddr @group_peers accept",
-            "tcp dport @group_ports reject with tcp reset",
-        ], host
-        replica = {ADDRESSES[member] for member in next(m for m in REPLICAS.values() if host in m)}
-        assert file_sets(path)["group_peers"] == replica, host
-        assert ROUTER not in path.read_text()
-
-
 @needs_netns
-def test_without_a_router_any_source_reaches_the_api_and_strangers_still_not_the_replica_ports(
-    rendered_without_router,
-):
-    node2, node3 = ADDRESSES["node2"], ADDRESSES["node3"]
-    stranger = "10.99.0.77"  # named nowhere in the inventory
+def test_without_a_router_and_with_kimi_api_public_any_source_reaches_the_api_and_nothing_else(rendered_public):
+    assert sorted(p.name for p in rendered_public.iterdir()) == [f"{host}.nft" for host in ADDRESSES]
+    rules = input_rules(rendered_public / "node3.nft")
+    assert API_OPEN in rules and API_FROM_CLIENTS not in rules
+    assert ROUTER not in (rendered_public / "node3.nft").read_text()
     expected = {
-        stranger: {API: "accepted", MASTER: "refused", DP_RPC: "refused", UNMANAGED: "accepted"},
-        LAB_HOST: {API: "accepted", RAY_GCS: "refused", RAY_DASHBOARD: "refused"},
-        node3: {API: "accepted", **dict.fromkeys(GROUP_PORTS, "refused")},
-        node2: {API: "accepted", **dict.fromkeys(GROUP_PORTS, "accepted")},
+        STRANGER: every_port("refused", api="accepted"),
+        LAB_HOST: every_port("refused", api="accepted", ssh="accepted"),
+        ADDRESSES["node1"]: every_port("refused", api="accepted", node_exporter="accepted", dcgm="accepted"),
+        ADDRESSES["node4"]: every_port("accepted"),
     }
-    assert tried(rendered_without_router / "node1.nft", "node1", expected) == expected
+    assert tried(rendered_public / "node3.nft", "node3", expected) == expected
+
+
+def test_without_a_router_the_api_stays_closed_unless_the_inventory_says_it_is_public(tmp_path):
+    outcome, out = render(tmp_path, router=None)
+    assert outcome.rc == 0, outcome.failure_messages()
+    for host in ADDRESSES:
+        assert file_sets(out / f"{host}.nft")["api_clients"] == {ADDRESSES["node1"]}, host
+        rules = input_rules(out / f"{host}.nft")
+        assert API_FROM_CLIENTS in rules and API_OPEN not in rules, host
 
 
 def test_a_kimi_monitoring_group_replaces_the_rank_0_fallback(tmp_path):
     outcome, out = render(tmp_path, monitoring=["node4"])
     assert outcome.rc == 0, outcome.failure_messages()
-    node = {host: file_sets(out / f"{host}.nft")["api_clients"] for host in ADDRESSES}
-    # node1 is node2's replica peer, no longer the monitoring host: replica b's nodes do not admit it.
-    assert node["node2"] == {ROUTER, ADDRESSES["node4"], ADDRESSES["node1"], ADDRESSES["node2"]}
-    assert node["node3"] == node["node4"] == {ROUTER, ADDRESSES["node3"], ADDRESSES["node4"]}
-    assert '10.99.0.14 comment "node4"' in (out / "node2.nft").read_text()
+    node = {host: file_sets(out / f"{host}.nft") for host in ADDRESSES}
+    assert all(node[host]["api_clients"] == {ROUTER, ADDRESSES["node4"]} for host in ADDRESSES)
+    assert all(node[host]["monitoring_hosts"] == {ADDRESSES["node4"]} for host in ADDRESSES)
+    assert [host for host in ADDRESSES if "monitoring_ports" in node[host]] == ["node4"]
 
 
-def test_the_api_can_be_closed_without_a_router(tmp_path):
-    """firewall_api_open false without a router: only the monitoring host and the replica's own nodes reach the
-    API (with firewall_monitoring_hosts empty, the replica's nodes alone)."""
-    outcome, out = render(
-        tmp_path, router=None, extravars={"firewall_api_open": False, "firewall_monitoring_hosts": []}
-    )
+@needs_netns
+def test_a_node_that_is_also_the_router_opens_its_port_to_everyone(tmp_path):
+    outcome, out = render(tmp_path, router_host="node1")
     assert outcome.rc == 0, outcome.failure_messages()
-    for host in ADDRESSES:
-        replica = {ADDRESSES[member] for member in next(m for m in REPLICAS.values() if host in m)}
-        assert file_sets(out / f"{host}.nft")["api_clients"] == replica, host
-        rules = input_rules(out / f"{host}.nft")
-        assert API_FROM_CLIENTS in rules and API_OPEN not in rules, host
+    assert file_sets(out / "node1.nft")["router_ports"] == {ROUTER_PORT}
+    assert "router_ports" not in file_sets(out / "node2.nft")
+    expected = {
+        STRANGER: every_port("refused", router_port="accepted"),
+        ADDRESSES["node3"]: every_port("refused", router_port="accepted"),
+    }
+    assert tried(out / "node1.nft", "node1", expected) == expected
 
 
 @pytest.mark.parametrize(
@@ -299,3 +325,19 @@ def test_a_host_without_a_cluster_ipv4_address_fails_before_anything_is_rendered
     }
     assert all(message in f["msg"] for f in failures), failures[0]["msg"]
     assert list(out.iterdir()) == []
+
+
+def test_rules_that_would_shut_the_controller_out_fail_every_node_before_anything_is_rendered(tmp_path):
+    outcome, out = render(tmp_path, extravars={"firewall_controller_address": "192.0.2.50"})
+    assert outcome.rc != 0
+    assert {f["host"] for f in outcome.failures} == set(ADDRESSES)
+    message = outcome.failures[0]["msg"]
+    assert "The firewall would shut this run's controller out of node" in message
+    assert "it connects from 192.0.2.50" in message and 'kimi_admin_networks: ["192.0.2.50/32"]' in message
+    assert list(out.iterdir()) == []
+    # The controller inside an admin network, or a node of the replica (Ansible run from rank 0), is fine.
+    for controller, networks in (("192.0.2.50", ["192.0.2.0/24"]), (ADDRESSES["node1"], [])):
+        ok, _ = render(tmp_path / controller, extravars={"firewall_controller_address": controller,
+                                                          "kimi_admin_networks": networks})  # fmt: skip
+        failed = {f["host"] for f in ok.failures}
+        assert failed == ({"node3", "node4"} if controller == ADDRESSES["node1"] else set()), ok.failure_messages()

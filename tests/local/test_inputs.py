@@ -29,6 +29,14 @@ JUDGE = "Judge this host's inputs for those phases (on the controller)"
 # Any node task fails at once (connection refused on loopback) instead of reaching an example address.
 NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
 VALIDATE = "Validate what the inventory and -e set for each phase's roles against the role's argument spec"
+# What an operator's Vault file holds for the shipped inventories that have a router (greennode): stand-ins, as
+# the input check judges only that they are set.
+VAULT = {
+    "vault_kimi_router_api_keys": ["a-client-key"],
+    "vault_kimi_api_key": "a-backend-key",
+    "vault_router_tls_certificate": "-----BEGIN CERTIFICATE-----",
+    "vault_router_tls_key": "-----BEGIN PRIVATE KEY-----",
+}
 
 
 def messages(result) -> str:
@@ -40,7 +48,9 @@ def messages(result) -> str:
     return "\n".join(found)
 
 
-def run_inputs(inventory: str, tmp_path, **extravars):
+def run_inputs(inventory: str, tmp_path, vault: bool = True, **extravars):
+    """playbooks/inputs.yml on a shipped inventory, with an operator's Vault values (VAULT) unless vault=False."""
+    extravars = {**(VAULT if vault else {}), **extravars}
     return run_playbook(
         INPUTS, INVENTORIES / inventory, extravars=extravars, envvars={"KIMI_REPORT_DIR": str(tmp_path)}, timeout=300
     )
@@ -55,6 +65,17 @@ def test_every_shipped_inventory_passes_every_phases_input_check(inventory, tmp_
     assert judged["phases"] == ["preflight", "stack", "firewall", "parity", "checkpoint", "serve", "router", "verify"]
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["fits"], plan["reasons"]
+
+
+def test_greennode_serves_through_its_router_and_refuses_to_run_without_its_vault(tmp_path):
+    result = run_inputs("greennode", tmp_path, vault=False)
+    assert result.rc != 0
+    text = messages(result)
+    for variable in ("kimi_router_api_keys", "router_tls_certificate", "router_tls_key"):
+        assert variable in text, text
+    # With its Vault, the API is served through the router only: kimi_api_public stays off.
+    public = run_inputs("greennode", tmp_path, kimi_api_public=True)
+    assert "kimi_api_public is true but the inventory has a router" in messages(public)
 
 
 def test_the_shipped_inventories_are_the_production_ones():
@@ -74,7 +95,9 @@ def test_a_missing_revision_is_refused_naming_variable_host_and_phase(tmp_path):
 def test_check_mode_judges_the_inputs_and_writes_no_plan(tmp_path):
     # drift's converge runs the kimi role under --check: the plan is made and judged, no report is written and
     # nothing counts as a change.
-    result = run_playbook(INPUTS, INVENTORIES / "greennode", check=True, envvars={"KIMI_REPORT_DIR": str(tmp_path)})
+    result = run_playbook(
+        INPUTS, INVENTORIES / "greennode", check=True, extravars=VAULT, envvars={"KIMI_REPORT_DIR": str(tmp_path)}
+    )
     assert result.rc == 0, result.failure_messages()
     assert result.changed == 0
     saves = result.results_of("Save the plan as JSON on the controller (artifacts/plan.json)").values()
@@ -99,7 +122,9 @@ def kimi_pinned_inventory(tmp_path):
 
 def test_the_kimi_checkpoint_values_alone_pass_the_input_check(tmp_path):
     inventory = kimi_pinned_inventory(tmp_path)
-    result = run_playbook(INPUTS, inventory, envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")}, timeout=300)
+    result = run_playbook(
+        INPUTS, inventory, extravars=VAULT, envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")}, timeout=300
+    )
     assert result.rc == 0, result.failure_messages()
     assert json.loads((tmp_path / "reports" / "plan.json").read_text())["fits"]
 
@@ -107,7 +132,7 @@ def test_the_kimi_checkpoint_values_alone_pass_the_input_check(tmp_path):
     result = run_playbook(
         INPUTS,
         inventory,
-        extravars={"kimi_checkpoint_revision": "main"},
+        extravars={**VAULT, "kimi_checkpoint_revision": "main"},
         envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")},
         timeout=300,
     )
@@ -117,7 +142,7 @@ def test_the_kimi_checkpoint_values_alone_pass_the_input_check(tmp_path):
 
 
 def refused_by_site(tmp_path, **kwargs):
-    extravars = {**NOWHERE, **kwargs.pop("extravars", {})}
+    extravars = {**NOWHERE, **VAULT, **kwargs.pop("extravars", {})}
     started = time.monotonic()
     result = run_playbook(
         SITE,

@@ -27,7 +27,7 @@ from tests.unit.ansible_adhoc import ansible_executable
 
 NFT = FIXTURES / "firewall" / "nft"
 TABLE = ("inet", "kimi")
-GROUP_ACCEPT = "tcp dport @group_ports ip saddr @group_peers accept"
+GROUP_ACCEPT = "ip saddr @replica_peers accept"
 # Debian 12's /etc/nftables.conf as the nftables package ships it.
 DEBIAN_NFTABLES_CONF = """#!/usr/sbin/nft -f
 
@@ -133,7 +133,7 @@ def test_a_rule_deleted_by_hand_is_a_change_in_check_mode_and_a_real_run_puts_it
 
     ok, fixed, _ = run(namespace, tmp_path, paths)
     assert ok and fixed["changed"] is True
-    assert live_rules(namespace)[4] == GROUP_ACCEPT
+    assert live_rules(namespace)[6] == GROUP_ACCEPT
     assert run(namespace, tmp_path, paths, check=True)[1]["changed"] is False
 
 
@@ -154,7 +154,7 @@ def test_a_new_rules_file_is_loaded_and_check_mode_shows_the_file(namespace, pat
     assert "(not loaded in check mode)" in diff and "10.99.0.42" in diff
     ok, loaded, _ = run(namespace, tmp_path, paths)
     assert ok and loaded["changed"] is True
-    assert "10.99.0.42" in namespace.nft("list", "set", *TABLE, "group_peers").stdout
+    assert "10.99.0.42" in namespace.nft("list", "set", *TABLE, "replica_peers").stdout
     assert run(namespace, tmp_path, paths)[1]["changed"] is False
 
 

@@ -77,9 +77,9 @@ def test_both_bundle_sources_and_a_key_id_are_refused(tmp_path):
 
 def test_a_port_given_with_e_is_judged_as_a_number(tmp_path):
     hosts = inventory(tmp_path, offline_mirror_bundle_path="/media/bundle", offline_mirror_fingerprint=FINGERPRINT)
-    task, message = refused(run_playbook(PLAYBOOK, hosts, extravars={"offline_mirror_port": "70000"}, timeout=300))
+    task, message = refused(run_playbook(PLAYBOOK, hosts, extravars={"kimi_offline_mirror_port": "70000"}, timeout=300))
     assert task == CHECK
-    assert "mirror1: offline_mirror_port must be a port number 1-65535 (got '70000')" in message
+    assert "mirror1: kimi_offline_mirror_port must be a port number 1-65535 (got '70000')" in message
 
 
 def test_a_directory_without_manifest_is_refused_before_anything_is_copied(tmp_path):

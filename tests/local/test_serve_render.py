@@ -46,7 +46,8 @@ CASES = {
 }
 
 
-def _render_vars(root: Path) -> dict:
+def render_vars(root: Path) -> dict:
+    """serve.yml rendered on this host: local connection, services unmanaged, each host's files under root."""
     per_host = str(root) + "/{{ inventory_hostname }}"
     return {
         "ansible_connection": "local",
@@ -83,7 +84,7 @@ def rendered(tmp_path_factory) -> dict[str, dict[str, str]]:
     for case, (inventory, extra, _) in CASES.items():
         root = tmp_path_factory.mktemp(case)
         outcome = run_playbook(
-            REPO_ROOT / "playbooks" / "serve.yml", inventory, extravars={**_render_vars(root), **extra}, timeout=600
+            REPO_ROOT / "playbooks" / "serve.yml", inventory, extravars={**render_vars(root), **extra}, timeout=600
         )
         assert outcome.rc == 0, f"{case}: {outcome.failure_messages()}"
         results[case] = _rendered_files(root)
@@ -94,7 +95,7 @@ def rendered(tmp_path_factory) -> dict[str, dict[str, str]]:
 
 def _second_run_changed(inventory: Path, root: Path, extra: dict) -> int:
     again = run_playbook(
-        REPO_ROOT / "playbooks" / "serve.yml", inventory, extravars={**_render_vars(root), **extra}, timeout=600
+        REPO_ROOT / "playbooks" / "serve.yml", inventory, extravars={**render_vars(root), **extra}, timeout=600
     )
     assert again.rc == 0, again.failure_messages()
     return again.changed
@@ -284,7 +285,7 @@ def test_check_mode_with_diff_writes_nothing(tmp_path):
     outcome = run_playbook(
         REPO_ROOT / "playbooks" / "serve.yml",
         inventory,
-        extravars={**_render_vars(tmp_path), **extra},
+        extravars={**render_vars(tmp_path), **extra},
         check=True,
         diff=True,
         timeout=600,

@@ -1,16 +1,18 @@
-"""The firewall role closes the ports the serving roles open: its defaults cannot read theirs (a role's defaults
-exist only where the role runs), so the numbers it writes out must equal vllm_serve's and ray_cluster's, and the
-ports it derives must derive from the same kimi variables theirs do. Likewise the hosts it admits to the API are
-the kimi role's router and monitoring hosts (the ones the router and monitoring roles serve from) and the
-replica's own nodes, and the API is open to every client exactly when there is no router."""
+"""The firewall role reads every port from the kimi role (no number of its own, so a port an inventory moves moves
+the unit's flag and the rule together), and admits the kimi role's router and monitoring hosts (the ones the
+router and monitoring roles serve from); the API is open to everyone only where the inventory says it is public
+and has no router."""
 
 from __future__ import annotations
+
+import re
 
 import yaml
 
 from tests.paths import REPO_ROOT
 
 ROLES = REPO_ROOT / "roles"
+FIREWALL_FILES = [ROLES / "firewall" / f for f in ("defaults/main.yml", "vars/main.yml", "templates/kimi.nft.j2")]
 
 
 def defaults(role: str) -> dict:
@@ -19,45 +21,47 @@ def defaults(role: str) -> dict:
 
 FIREWALL = defaults("firewall")
 FIREWALL_VARS = yaml.safe_load((ROLES / "firewall" / "vars" / "main.yml").read_text())
+KIMI = defaults("kimi")
 KIMI_VARS = yaml.safe_load((ROLES / "kimi" / "vars" / "main.yml").read_text())
-SERVE = defaults("vllm_serve")
-RAY = defaults("ray_cluster")
 
 
-def test_the_written_out_group_ports_equal_the_serving_roles_defaults():
-    ports = {entry["what"]: entry["port"] for entry in FIREWALL["firewall_group_ports"]}
-    assert ports["vLLM data-parallel RPC port"] == SERVE["vllm_serve_data_parallel_rpc_port"]
-    assert ports["Ray GCS port"] == RAY["ray_cluster_port"]
-    assert ports["Ray dashboard port"] == RAY["ray_cluster_dashboard_port"]
+def test_the_firewall_writes_no_port_number_of_its_own():
+    ports = {value for name, value in KIMI.items() if name.endswith("_port")}
+    for path in FIREWALL_FILES:
+        content = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        written = {int(n) for n in re.findall(r"(?<![\w.:/-])(\d{2,5})(?![\w.:/-])", content)} & ports
+        assert not written, f"{path.relative_to(REPO_ROOT)} writes {sorted(written)}: read the kimi_*_port instead"
 
 
-def test_the_derived_ports_follow_the_serving_role_then_the_kimi_default():
-    assert SERVE["vllm_serve_master_port"] == "{{ kimi_master_port }}"
-    assert SERVE["vllm_serve_api_port"] == "{{ kimi_api_port }}"
-    master = FIREWALL["firewall_group_ports"][0]
-    assert master == {
-        "port": "{{ vllm_serve_master_port | default(kimi_master_port) }}",
-        "what": "multi-node master port",
+def test_every_service_port_the_rules_name_is_a_kimi_port():
+    template = (ROLES / "firewall" / "templates" / "kimi.nft.j2").read_text()
+    named = set(re.findall(r"\bkimi_\w+_port\b", template + yaml.safe_dump(FIREWALL_VARS)))
+    assert named == {
+        "kimi_api_port",
+        "kimi_router_port",
+        "kimi_offline_mirror_port",
+        "kimi_node_exporter_port",
+        "kimi_dcgm_exporter_port",
+        "kimi_prometheus_port",
+        "kimi_alertmanager_port",
     }
-    assert FIREWALL["firewall_api_port"] == "{{ vllm_serve_api_port | default(kimi_api_port) }}"
+    assert named <= KIMI.keys()
 
 
-def test_every_port_is_named_once():
-    names = [entry["what"] for entry in FIREWALL["firewall_group_ports"]]
-    assert len(names) == len(set(names)) == 4
-
-
-def test_the_api_clients_are_the_kimi_roles_routers_and_monitoring_hosts_and_the_replicas_nodes():
+def test_the_api_clients_are_the_kimi_roles_routers_and_monitoring_hosts():
     assert FIREWALL["firewall_router_hosts"] == "{{ kimi_router_hosts }}"
     assert FIREWALL["firewall_monitoring_hosts"] == "{{ kimi_monitoring_hosts }}"
     # The same variables the monitoring and router roles run on: the firewall admits the hosts that really scrape.
     assert defaults("monitoring")["monitoring_hosts"] == "{{ kimi_monitoring_hosts }}"
     assert defaults("router")["router_hosts"] == "{{ kimi_router_hosts }}"
-    assert {"kimi_router_hosts", "kimi_monitoring_hosts"} <= KIMI_VARS.keys()
-    clients = FIREWALL_VARS["firewall_api_client_hosts"]
-    for hosts in ("firewall_router_hosts", "firewall_monitoring_hosts", "firewall_peer_hosts"):
-        assert hosts in clients
+    assert {"kimi_router_hosts", "kimi_monitoring_hosts", "kimi_admin_network_list"} <= KIMI_VARS.keys()
+    assert FIREWALL_VARS["firewall_api_client_hosts"] == (
+        "{{ (firewall_router_hosts + firewall_monitoring_hosts) | unique | list }}"
+    )
 
 
-def test_the_api_is_open_exactly_when_there_is_no_router():
-    assert FIREWALL["firewall_api_open"] == "{{ firewall_router_hosts | length == 0 }}"
+def test_the_api_is_public_only_when_the_inventory_says_so_and_there_is_no_router():
+    assert KIMI["kimi_api_public"] is False and KIMI["kimi_admin_networks"] == []
+    assert FIREWALL_VARS["firewall_api_public"] == (
+        "{{ kimi_api_public | bool and firewall_router_hosts | length == 0 }}"
+    )

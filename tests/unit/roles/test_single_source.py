@@ -174,3 +174,30 @@ def test_preflight_skips_the_very_apt_source_file_nvidia_repo_writes():
     written = [deb822_sources_file(name) for name in names]
     preflight = yaml.safe_load((ROLES / "preflight" / "defaults" / "main.yml").read_text())
     assert preflight["preflight_apt_sources_managed"] == written
+
+
+# ---------------------------------------------------------------- ports: the kimi role's, read everywhere
+
+KIMI_PORTS = {value: name for name, value in KIMI_DEFAULTS.items() if name.endswith("_port")}
+
+
+def role_port_files() -> list[Path]:
+    """Every role's defaults, vars, tasks, handlers and templates except the kimi role's own."""
+    found = []
+    for folder in ("defaults", "vars", "tasks", "handlers", "templates"):
+        found += [p for p in ROLES.glob(f"*/{folder}/*") if p.parts[-3] != "kimi" and p.is_file()]
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", role_port_files(), ids=lambda p: str(p.relative_to(ROLES)))
+def test_no_role_writes_a_port_number_of_its_own(path):
+    """A port written out in a role drifts from the unit's flag the day an inventory moves the kimi_*_port (the
+    firewall once guarded 13345 while vLLM listened elsewhere)."""
+    code = [line.split(" #")[0] for line in path.read_text().splitlines() if not line.lstrip().startswith(("#", "{#"))]
+    written = {
+        int(number): KIMI_PORTS[int(number)]
+        for line in code
+        for number in re.findall(r"(?<![\w.:/-])(\d{3,5})(?![\w.:/-])", line)
+        if int(number) in KIMI_PORTS
+    }
+    assert not written, f"{path.relative_to(ROLES)} writes {written}: read the kimi role's variable instead"

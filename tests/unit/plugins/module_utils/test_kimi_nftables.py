@@ -33,10 +33,29 @@ NFT = FIXTURES / "firewall" / "nft"
 RULES = [
     'iif "lo" accept',
     "ct state established,related accept",
+    "ct state invalid drop",
+    "meta l4proto { icmp, ipv6-icmp } accept",
+    "udp sport 67 udp dport 68 accept",
+    "udp sport 547 udp dport 546 accept",
+    "ip saddr @replica_peers accept",
+    "tcp dport @ssh_ports ip saddr @admin_networks accept",
+    "tcp dport @ssh_ports ip6 saddr @admin_networks6 accept",
     "tcp dport @api_ports ip saddr @api_clients accept",
-    "tcp dport @api_ports reject with tcp reset",
-    "tcp dport @group_ports ip saddr @group_peers accept",
-    "tcp dport @group_ports reject with tcp reset",
+    "tcp dport @exporter_ports ip saddr @monitoring_hosts accept",
+    "tcp dport @monitoring_ports ip saddr @admin_networks accept",
+    "tcp dport @monitoring_ports ip6 saddr @admin_networks6 accept",
+    "meta l4proto tcp reject with tcp reset",
+]
+SETS = [
+    "replica_peers",
+    "api_clients",
+    "monitoring_hosts",
+    "admin_networks",
+    "admin_networks6",
+    "ssh_ports",
+    "api_ports",
+    "exporter_ports",
+    "monitoring_ports",
 ]
 
 
@@ -51,30 +70,30 @@ def table(case: str) -> list[dict[str, str]]:
 def test_the_applied_table_reads_as_its_sets_its_chain_and_nfts_own_rule_text():
     entries = table("applied")
     assert [(e["kind"], e["name"]) for e in entries] == [
-        ("set", "api_clients"),
-        ("set", "group_peers"),
-        ("set", "api_ports"),
-        ("set", "group_ports"),
+        *[("set", name) for name in SETS],
         ("chain", "input"),
-        *[("rule", "input")] * 6,
+        *[("rule", "input")] * len(RULES),
     ]
     assert [e["line"] for e in entries if e["kind"] == "rule"] == RULES
     lines = {e["name"]: e["line"] for e in entries if e["kind"] != "rule"}
     # Elements in address and port order, each with the host or the service it is: node1's API clients are the
-    # router, the monitoring host (node1 itself) and its replica (node1, node2).
+    # router and the monitoring host (node1 itself); its replica (node1, node2) reaches every port.
     assert lines["api_clients"] == (
-        "set api_clients { type ipv4_addr; elements = { "
-        '10.99.0.5 comment "router1", 10.99.0.11 comment "node1", 10.99.0.12 comment "node2" } }'
+        'set api_clients { type ipv4_addr; elements = { 10.99.0.5 comment "router1", 10.99.0.11 comment "node1" } }'
     )
-    assert lines["group_ports"].startswith('set group_ports { type inet_service; elements = { 6379 comment "Ray GCS')
-    assert lines["input"] == "chain input { type filter hook input priority 0; policy accept; }"
+    assert lines["replica_peers"] == (
+        'set replica_peers { type ipv4_addr; elements = { 10.99.0.11 comment "node1", 10.99.0.12 comment "node2" } }'
+    )
+    assert lines["admin_networks"] == "set admin_networks { type ipv4_addr; flags interval; elements = { 10.99.0.1 } }"
+    assert lines["exporter_ports"].startswith("set exporter_ports { type inet_service; elements = { 9100 comment")
+    assert lines["input"] == "chain input { type filter hook input priority 0; policy drop; }"
     assert all('"handle"' not in e["key"] for e in entries)
 
 
 def test_the_same_rules_under_other_handles_are_the_same_table():
     # The last rule was deleted and added again: it is back at the end under a new handle.
-    assert '"handle": 11' in (NFT / "applied.json").read_text()
-    assert "# handle 12" in (NFT / "readded.txt").read_text()
+    assert '"handle": 25' in (NFT / "applied.json").read_text()
+    assert "# handle 26" in (NFT / "readded.txt").read_text()
     assert compare(table("applied"), table("readded")) == []
     assert table("applied") == table("readded")
 
@@ -82,14 +101,14 @@ def test_the_same_rules_under_other_handles_are_the_same_table():
 def test_each_hand_edit_is_named():
     assert compare(table("applied"), table("drifted")) == [
         "set changed by hand: api_clients: element 10.99.0.99 added",
-        "rule missing: tcp dport @group_ports ip saddr @group_peers accept (chain input)",
-        "rule added by hand: tcp dport 22 counter accept (chain input)",
+        "rule missing: ip saddr @replica_peers accept (chain input)",
+        "rule added by hand: tcp dport 2222 counter accept (chain input)",
     ]
     # Undoing is the other way round.
     assert compare(table("drifted"), table("applied")) == [
         "set changed by hand: api_clients: element 10.99.0.99 removed",
-        "rule missing: tcp dport 22 counter accept (chain input)",
-        "rule added by hand: tcp dport @group_ports ip saddr @group_peers accept (chain input)",
+        "rule missing: tcp dport 2222 counter accept (chain input)",
+        "rule added by hand: ip saddr @replica_peers accept (chain input)",
     ]
 
 
@@ -99,8 +118,8 @@ def test_rules_moved_within_their_chain_are_a_change():
 
 def test_a_chain_changed_by_hand_shows_both_versions():
     assert compare(table("applied"), table("policy")) == [
-        "chain changed by hand: chain input { type filter hook input priority 0; policy drop; } "
-        "(recorded: chain input { type filter hook input priority 0; policy accept; })"
+        "chain changed by hand: chain input { type filter hook input priority 0; policy accept; } "
+        "(recorded: chain input { type filter hook input priority 0; policy drop; })"
     ]
 
 
@@ -108,11 +127,11 @@ def test_objects_and_chains_deleted_or_added_by_hand():
     applied = table("applied")
     without_chain = [e for e in applied if e["kind"] == "set"]
     assert compare(applied, without_chain) == [
-        "chain missing: chain input { type filter hook input priority 0; policy accept; }",
+        "chain missing: chain input { type filter hook input priority 0; policy drop; }",
         *[f"rule missing: {rule} (chain input)" for rule in RULES],
     ]
     assert compare(without_chain, applied)[0] == (
-        "chain added by hand: chain input { type filter hook input priority 0; policy accept; }"
+        "chain added by hand: chain input { type filter hook input priority 0; policy drop; }"
     )
 
 
@@ -139,7 +158,10 @@ def test_rule_text_comes_from_the_listing_joined_across_wrapped_lines():
     assert rule_texts(listing) == {4: "ip saddr { 10.0.0.1, 10.0.0.2, 10.0.0.3 } tcp dport 9 counter accept"}
     # Without the listing a rule still has a line: its expression as JSON.
     bare = normalise(document("applied"))
-    assert bare[5]["line"] == '[{"match":{"left":{"meta":{"key":"iif"}},"op":"==","right":"lo"}},{"accept":null}]'
+    assert (
+        bare[len(SETS) + 1]["line"]
+        == '[{"match":{"left":{"meta":{"key":"iif"}},"op":"==","right":"lo"}},{"accept":null}]'
+    )
     assert [e["key"] for e in bare] == [e["key"] for e in table("applied")]
 
 
@@ -167,9 +189,7 @@ def test_the_verdict_names_every_reason_to_load_again():
     assert judge(sha, None, None) == ["table absent", "rules file changed (no record of an earlier apply)"]
     assert judge(sha, None, applied) == ["rules file changed (no record of an earlier apply)"]
     assert judge("0" * 64, recorded, applied) == ["rules file changed"]
-    assert judge(sha, recorded, table("drifted"))[1] == (
-        "rule missing: tcp dport @group_ports ip saddr @group_peers accept (chain input)"
-    )
+    assert judge(sha, recorded, table("drifted"))[1] == ("rule missing: ip saddr @replica_peers accept (chain input)")
 
 
 def test_the_record_round_trips_and_a_foreign_or_damaged_one_is_no_record():
@@ -187,10 +207,10 @@ def test_the_diff_text_puts_each_chains_rules_under_it():
     text = table_text("inet kimi", table("applied"))
     lines = text.splitlines()
     assert lines[0] == "table inet kimi"
-    assert lines[5] == "  chain input { type filter hook input priority 0; policy accept; }"
-    assert lines[6:] == [f"    {rule}" for rule in RULES]
+    assert lines[len(SETS) + 1] == "  chain input { type filter hook input priority 0; policy drop; }"
+    assert lines[len(SETS) + 2 :] == [f"    {rule}" for rule in RULES]
     assert table_text("inet kimi", None) == ""
-    assert rule_lines(table("applied"))[-1] == "tcp dport @group_ports reject with tcp reset (chain input)"
+    assert rule_lines(table("applied"))[-1] == "meta l4proto tcp reject with tcp reset (chain input)"
 
 
 def test_table_names_absent_tables_and_flushes():

@@ -1,0 +1,25 @@
+"""`kimi.k2.in_networks` filter: whether an address is in one of a list of networks
+(plugins/module_utils/kimi_networks.py).
+
+    firewall_controller_address | kimi.k2.in_networks(kimi_admin_network_list)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
+    from ansible_collections.kimi.k2.plugins.module_utils import kimi_networks
+except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
+    from module_utils import kimi_networks  # type: ignore[no-redef]
+
+
+def in_networks(address: str, networks: Iterable[str]) -> bool:
+    """`address | kimi.k2.in_networks(networks)`: True when the address is in one of the networks."""
+    return kimi_networks.address_in_networks(str(address), [str(n) for n in networks])
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"in_networks": in_networks}
