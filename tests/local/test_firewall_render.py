@@ -42,7 +42,8 @@ NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT = 9100, 9400, 9090, 9
 # A port vLLM's engine core or a worker's message queue picks at random at each start.
 RANDOM = 41234
 GROUP_PORTS = [MASTER, DP_RPC, RAY_GCS, RAY_DASHBOARD, RANDOM]
-ALL_PORTS = sorted({SSH, API, *GROUP_PORTS, NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT})
+MIRROR_PORT = 8081
+ALL_PORTS = sorted({SSH, API, *GROUP_PORTS, NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT, MIRROR_PORT})
 # The lab host is the admin network; the controller (this test, over a local connection) has no SSH address.
 RENDER_VARS = {"kimi_admin_networks": [f"{LAB_HOST}/32"], "firewall_controller_address": ""}
 API_FROM_CLIENTS = "tcp dport @api_ports ip saddr @api_clients accept"
@@ -53,7 +54,7 @@ needs_netns = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE
 
 
 def inventory(directory: Path, *, router: dict | None = ROUTER1, monitoring: list[str] | None = None,
-              router_host: str = "router1") -> Path:  # fmt: skip
+              router_host: str = "router1", mirror: str | None = None) -> Path:  # fmt: skip
     """Two replicas of two nodes, router_host in a kimi_router group (none when router is None) with these host
     vars (a node as the router keeps its own), and the facts the kimi role sets (its contract with the roles)."""
     nodes = {
@@ -67,6 +68,8 @@ def inventory(directory: Path, *, router: dict | None = ROUTER1, monitoring: lis
         children["kimi_router"] = {"hosts": {router_host: None if router_host in nodes else router}}
     if monitoring is not None:
         children["kimi_monitoring"] = {"hosts": dict.fromkeys(monitoring)}
+    if mirror is not None:
+        children["kimi_offline_mirror"] = {"hosts": {mirror: None}}
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "kimi_replicas": REPLICAS}
     path = directory / "hosts.yml"
     path.write_text(yaml.safe_dump({"all": {"vars": local, "children": children}}))
@@ -341,3 +344,20 @@ def test_rules_that_would_shut_the_controller_out_fail_every_node_before_anythin
                                                           "kimi_admin_networks": networks})  # fmt: skip
         failed = {f["host"] for f in ok.failures}
         assert failed == ({"node3", "node4"} if controller == ADDRESSES["node1"] else set()), ok.failure_messages()
+
+
+@needs_netns
+def test_the_mirrors_node_opens_its_port_to_the_nodes_the_router_and_the_controller_only(tmp_path):
+    outcome, out = render(tmp_path, mirror="node3")
+    assert outcome.rc == 0, outcome.failure_messages()
+    assert file_sets(out / "node3.nft")["mirror_ports"] == {MIRROR_PORT}
+    assert file_sets(out / "node3.nft")["mirror_clients"] == {*ADDRESSES.values(), ROUTER}
+    assert "mirror_ports" not in file_sets(out / "node1.nft")
+    expected = {
+        ADDRESSES["node1"]: {MIRROR_PORT: "accepted", SSH: "refused"},
+        ROUTER: {MIRROR_PORT: "accepted", SSH: "refused"},
+        # The controller reads the served manifest before anything is installed (playbooks/offline_mirror.yml).
+        LAB_HOST: {MIRROR_PORT: "accepted", SSH: "accepted"},
+        STRANGER: {MIRROR_PORT: "refused", SSH: "refused"},
+    }
+    assert tried(out / "node3.nft", "node3", expected) == expected
