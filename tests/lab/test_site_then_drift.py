@@ -91,12 +91,13 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     )
     on_node(serving, "node1", "apt-mark unhold cuda-toolkit-13-3")
     on_node(serving, "node2", "systemctl stop kimi-vllm-headless.service")
-    # The firewall's refusal of strangers on the replica's ports, deleted by hand with nft.
+    # The firewall's TCP reset for everyone it does not admit, deleted by hand with nft (strangers then wait for a
+    # timeout instead of a refusal). The lab's nodes have no /etc/protocols: nft lists the protocol as a number.
     on_node(
         serving,
         "node2",
         "nft delete rule inet kimi input handle "
-        "$(nft -a list chain inet kimi input | awk '/@group_ports reject/ {print $NF}')",
+        "$(nft -a list chain inet kimi input | awk '/reject with tcp reset/ {print $NF}')",
     )
     good_weights = on_node(serving, "node1", f"sha256sum {WEIGHTS}").split()[0]
     # Same size, same inode, new mtime: what the marker's size alone (drift before marker version 2) missed.
@@ -113,7 +114,7 @@ def test_each_injected_drift_is_named_with_its_host_then_site_repairs_all(servin
     assert_named(messages, "node2", "version", "libnccl2", OTHER_NCCL, NCCL_PIN)
     assert_named(messages, "node1", "hold", "cuda-toolkit-13-3")
     assert_named(messages, "node2", "service", "kimi-vllm-headless.service")
-    assert_named(messages, "node2", "converge", "firewall", "rule missing: tcp dport @group_ports reject")
+    assert_named(messages, "node2", "converge", "firewall", "rule missing: meta l4proto", "reject with tcp reset")
     # The verdict reached node-exporter on every node, and Prometheus turned it into a firing alert.
     for node in ("node1", "node2"):
         assert "kimi_drift_ok 0" in on_node(serving, node, "cat /var/lib/prometheus/node-exporter/kimi_drift.prom")

@@ -977,11 +977,11 @@ def test_a_firewall_rule_removed_by_hand_is_named_in_the_finding():
         "action": "kimi_nftables",
         "role": "firewall",
         "task": "Keep table inet kimi loaded as the rules file says (a rule changed by hand is a change)",
-        "msg": "rule missing: tcp dport @group_ports reject with tcp reset (chain input)",
+        "msg": "rule missing: meta l4proto 6 reject with tcp reset (chain input)",
     }
     assert classify(record) == "firewall"
     finding = change_finding(record)
-    assert finding.line().startswith("node2: converge: firewall: rule missing: tcp dport @group_ports reject")
+    assert finding.line().startswith("node2: converge: firewall: rule missing: meta l4proto 6 reject")
     assert "firewall : Keep table inet kimi loaded" in finding.title
 
 
