@@ -36,7 +36,7 @@ from tests.local.test_bundle_build import environment
 pytestmark = pytest.mark.tier2("local-bundle")
 
 PLAYBOOK = REPO_ROOT / "playbooks" / "offline_mirror.yml"
-FETCH = "Fetch the manifest the offline mirror serves (on the mirror host, else from the controller)"
+FETCH = "Fetch the manifest the offline mirror serves (from the controller)"
 NO_MANIFEST = "Refuse to go on when the offline mirror serves no manifest"
 MATCH = "Refuse a bundle built for other inputs than this node's (on the controller)"
 NODES = ("node1", "node2")
@@ -179,7 +179,7 @@ def test_a_mirror_that_does_not_answer_is_refused_naming_its_url(inventory):
     (message,) = refusals(result, NO_MANIFEST).values()
     assert message.startswith(f"{url}kimi-bundle.json did not answer with the bundle's manifest (Status code was -1")
     assert "Connection refused" in message
-    assert "the offline mirror that kimi_offline_mirror_url names serves no bundle that can be read" in message
+    assert "the offline mirror that kimi_offline_mirror_url names serves no bundle the controller can read" in message
     assert result.results_of(MATCH) == {}
 
 
