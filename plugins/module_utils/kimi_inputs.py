@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 from .kimi_advisories import refusals as advisory_refusals
 from .kimi_bundle_signature import normalise_fingerprint
 from .kimi_layout import LAYOUTS
-from .kimi_networks import network_problem
+from .kimi_networks import network_list, network_problem
 from .kimi_presets import PlanInputError, find_gpu, find_model
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
@@ -540,8 +540,9 @@ def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-# The router's abuse limits as the router role checks them again on its hosts (roles/router/tasks/main.yml): judged
-# here too, so that a wrong one stops the run before any phase installs anything.
+# The router's abuse limits: judged in the run's first play from the nodes' values, so that a wrong one stops the
+# run before any phase installs anything, and by the router role again on each router host with that host's own
+# values (roles/router/tasks/main.yml calls kimi_inputs with phases [router]): one rule, two askers.
 ROUTER_RANGES = {
     "router_max_body_bytes": (1024, 1073741824, "a number of bytes from 1024 to 1073741824 (1 GiB)"),
     "router_rate_limit_requests": (0, 1000000, "requests per window from 0 (no limit) to 1000000"),
@@ -698,15 +699,13 @@ def offline_mirror_problems(values: Mapping[str, Any]) -> list[Problem]:
 
 def _admin_networks(values: Mapping[str, Any], phase: str) -> list[Problem]:
     name = "kimi_admin_networks"
-    raw = values.get(name, [])
-    entries = raw.split(",") if isinstance(raw, str) else raw
-    if not isinstance(entries, list):
-        return [
-            Problem(name, phase, f"must be a list of addresses or CIDR networks (got {raw!r})", 'e.g. ["192.0.2.0/24"]')
-        ]
+    try:
+        entries = network_list(values.get(name, []))
+    except TypeError as error:
+        return [Problem(name, phase, str(error), 'e.g. ["192.0.2.0/24"]')]
     return [
         Problem(name, phase, reason, "list the controller's and the operators' addresses or networks")
-        for reason in (network_problem(str(entry)) for entry in entries if str(entry).strip())
+        for reason in map(network_problem, entries)
         if reason
     ]
 

@@ -298,16 +298,16 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
         (
             # As -e gives them: strings.
             {"router_max_body_bytes": "100", "router_rate_limit_window": "0", "router_rate_limit_requests": "-1"},
-            "Refuse a body limit, rate limit or TLS profile out of range (before anything is installed)",
+            "Refuse a body limit, rate limit or TLS version out of range (before anything is installed)",
             [
-                "On router1: router_max_body_bytes is 100: a number of bytes from 1024",
-                "router_rate_limit_requests is -1",
-                "router_rate_limit_window is 0: seconds from 1 to 86400",
+                "router1: router_max_body_bytes is '100': a number of bytes from 1024",
+                "router_rate_limit_requests is '-1'",
+                "router_rate_limit_window is '0': seconds from 1 to 86400",
             ],
         ),
         (
             {"router_tls_ciphers": ["ECDHE-RSA-AES128-GCM-SHA256 ssl-min-ver TLSv1.0"], "router_tls_curves": []},
-            "Refuse a body limit, rate limit or TLS profile out of range (before anything is installed)",
+            "Refuse a TLS profile haproxy could not read (before anything is installed)",
             ['not read as one word: "ECDHE-RSA-AES128-GCM-SHA256 ssl-min-ver TLSv1.0"', "router_tls_curves must not"],
         ),
         (
