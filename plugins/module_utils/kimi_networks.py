@@ -2,15 +2,27 @@
 
 Stdlib ``ipaddress`` only: ansible.utils' ipaddr filters need netaddr and a collection the nodes' controller may
 not have, and the two questions asked here are one call each. Imported by plugins/module_utils/kimi_inputs.py (the
-input check) and plugins/filter/kimi_networks.py (the firewall role's lockout check).
+input check) and plugins/filter/kimi_networks.py (the kimi role's kimi_admin_network_list, the firewall role's
+lockout check): one parser of the input for both.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from typing import Any
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def network_list(raw: Any) -> list[str]:
+    """kimi_admin_networks as a list of trimmed, non-empty strings: a list as the inventory writes it, or the
+    comma-separated string `-e kimi_admin_networks=10.0.0.0/8,192.0.2.7` gives. Anything else is a TypeError (the
+    input check names it before any role reads the list)."""
+    entries = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(entries, (list, tuple)):
+        raise TypeError(f"must be a list of addresses or CIDR networks (got {raw!r})")
+    return [text for text in (str(entry).strip() for entry in entries) if text]
 
 
 def network_problem(text: str) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from module_utils.kimi_networks import address_in_networks, network_problem
+from module_utils.kimi_networks import address_in_networks, network_list, network_problem
 
 
 @pytest.mark.parametrize("text", ["10.0.0.0/8", "192.0.2.7", " 192.0.2.7/32 ", "2001:db8::/48", "fd00::1"])
@@ -43,3 +43,21 @@ def test_what_nft_would_refuse_or_widen_is_named(text, words):
 )
 def test_an_address_is_in_a_network_of_its_own_family(address, networks, inside):
     assert address_in_networks(address, networks) is inside
+
+
+@pytest.mark.parametrize(
+    ("raw", "entries"),
+    [
+        (["10.0.0.0/8", " 192.0.2.7 "], ["10.0.0.0/8", "192.0.2.7"]),
+        ("10.0.0.0/8, 192.0.2.7,", ["10.0.0.0/8", "192.0.2.7"]),
+        ("", []),
+        ([], []),
+    ],
+)
+def test_the_list_and_the_e_string_give_the_same_entries(raw, entries):
+    assert network_list(raw) == entries
+
+
+def test_anything_else_is_named():
+    with pytest.raises(TypeError, match="must be a list of addresses or CIDR networks"):
+        network_list({"net": "10.0.0.0/8"})
