@@ -300,9 +300,9 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
             {"router_max_body_bytes": "100", "router_rate_limit_window": "0", "router_rate_limit_requests": "-1"},
             "Refuse a body limit, rate limit or TLS version out of range (before anything is installed)",
             [
-                "router1: router_max_body_bytes is '100': a number of bytes from 1024",
-                "router_rate_limit_requests is '-1'",
-                "router_rate_limit_window is '0': seconds from 1 to 86400",
+                "router1: router_max_body_bytes is 100: a number of bytes from 1024",
+                "router_rate_limit_requests is -1",
+                "router_rate_limit_window is 0: seconds from 1 to 86400",
             ],
         ),
         (

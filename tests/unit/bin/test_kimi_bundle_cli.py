@@ -29,7 +29,11 @@ PLAYBOOK = yaml.safe_load((REPO_ROOT / "playbooks" / "bundle_inputs.yml").read_t
 # The variables read and each node's values of them, shared by the build's play and the served bundle's check.
 INPUT_VARS_FILE = "vars/bundle_inputs.yml"
 INPUT_VARS = yaml.safe_load((REPO_ROOT / "playbooks" / INPUT_VARS_FILE).read_text())
-MATCH_PLAY = yaml.safe_load((REPO_ROOT / "playbooks" / "offline_mirror.yml").read_text())[1]
+MATCH_PLAY = next(
+    play
+    for play in yaml.safe_load((REPO_ROOT / "playbooks" / "offline_mirror.yml").read_text())
+    if play["name"].startswith("Offline mirror | refuse a served bundle")
+)
 VARIABLES = {
     "kimi_bundle_inventory_name": "site-a",
     "kimi_bundle_distribution": "debian-12",
