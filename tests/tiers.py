@@ -235,7 +235,6 @@ GROUPS: tuple[Group, ...] = (
             "bin/kimi-bundle",
             "plugins/module_utils/kimi_bundle",
             "plugins/modules/kimi_bundle",
-            "plugins/filter/kimi_bundle.py",
             "roles/offline_mirror/",
             "playbooks/offline_mirror.yml",
             "playbooks/bundle_inputs.yml",

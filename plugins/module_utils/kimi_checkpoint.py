@@ -262,11 +262,12 @@ def file_sha256(path: Path) -> str:
 
 
 def content_problem(path: Path, name: str, sha256: str | None, git_oid: str | None) -> str | None:
-    """Why the file's content is not the Hub's (sha256 where given, else the git blob id); None when it is."""
+    """Why the file's content is not the listed one (the Hub's or the bundle manifest's sha256 where given, else the
+    git blob id); None when it is."""
     if sha256 and file_sha256(path) != sha256:
-        return f"{name}: sha256 differs from the Hub's {sha256}"
+        return f"{name}: sha256 differs from the listed {sha256}"
     if not sha256 and git_oid and git_blob_sha1(path) != git_oid:
-        return f"{name}: git blob id differs from the Hub's {git_oid}"
+        return f"{name}: git blob id differs from the listed {git_oid}"
     return None
 
 

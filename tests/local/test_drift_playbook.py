@@ -244,7 +244,7 @@ def test_a_same_size_corruption_is_named_with_host_and_file_and_a_restored_mtime
         f"(mtime_ns {mtime + 10**9}, recorded {mtime})" in message
     ), message
     sha = hashlib.sha256(CHECKPOINT_FILES["config.json"]).hexdigest()
-    assert f"node1: checkpoint: checkpoint file config.json: sha256 differs from the Hub's {sha}" in message
+    assert f"node1: checkpoint: checkpoint file config.json: sha256 differs from the listed {sha}" in message
     row = node.report()["hosts"][0]
     assert row["states"]["checkpoint"] == "corrupt"
     assert [f["category"] for f in row["findings"] if f["kind"] == "checkpoint"] == ["stat", "sample"]

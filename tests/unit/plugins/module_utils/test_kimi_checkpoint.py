@@ -226,7 +226,7 @@ def test_a_restored_mtime_escapes_the_stat_but_not_the_content_check(tmp_path):
     os.utime(path, ns=(mtime, mtime))  # touch -d: the attacker puts the mtime back
     assert ck.stat_differences(recorded, stats_of(tmp_path, ["w"])) == []
     hashed, problems = ck.sample_check(tmp_path, recorded, 1, 0, set())
-    assert hashed == ["w"] and problems == [f"w: sha256 differs from the Hub's {recorded['w']['sha256']}"]
+    assert hashed == ["w"] and problems == [f"w: sha256 differs from the listed {recorded['w']['sha256']}"]
 
 
 def test_the_sample_rotates_through_every_file_with_a_checksum():

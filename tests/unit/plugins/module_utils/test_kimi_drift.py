@@ -416,7 +416,7 @@ def test_more_than_ten_changed_files_are_counted_in_one_more_finding():
 
 
 def test_a_sampled_file_whose_content_differs_is_corrupt_and_needs_a_forced_verification():
-    problem = f"model.safetensors: sha256 differs from the Hub's {'a' * 64}"
+    problem = f"model.safetensors: sha256 differs from the listed {'a' * 64}"
     read = files_read(sampled=["model.safetensors"], sample_problems=[problem])
     state, findings = checkpoint_state("node1", slurped(marker()), CHECKPOINT, read)
     assert state == "corrupt"
