@@ -10,10 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_hf import nginx_header_rows
-except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
-    from module_utils.kimi_bundle_hf import nginx_header_rows
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_hf import nginx_header_rows
 
 
 def hf_mirror_headers(

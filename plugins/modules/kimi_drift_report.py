@@ -163,27 +163,15 @@ import re
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_drift import (
-        build_report,
-        parse_changes,
-        render_markdown,
-        render_table,
-        report_json,
-    )
-    from ansible.module_utils.kimi_replicas import replica_by_host
-    from ansible.module_utils.kimi_report import write_report_files
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
-        build_report,
-        parse_changes,
-        render_markdown,
-        render_table,
-        report_json,
-    )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
+    build_report,
+    parse_changes,
+    render_markdown,
+    render_table,
+    report_json,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
 
 STAMP = re.compile(r"^\d{8}T\d{6}Z$")
 STAMPED = re.compile(r"^drift-(\d{8}T\d{6}Z)(\.json|\.md|\.converge\.jsonl)$")

@@ -189,15 +189,11 @@ variable:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_nccl_tests import NcclTestsInputError, launch_spec, render
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
-        NcclTestsInputError,
-        launch_spec,
-        render,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
+    NcclTestsInputError,
+    launch_spec,
+    render,
+)
 
 ARGUMENT_SPEC = {
     "launcher": {"type": "str", "choices": ["mpirun", "torchrun"], "default": "mpirun"},

@@ -56,17 +56,13 @@ nodes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_serve import ServeInputError, ServeSpec, exec_start, plan_nodes, validate
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
-        ServeInputError,
-        ServeSpec,
-        exec_start,
-        plan_nodes,
-        validate,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
+    ServeInputError,
+    ServeSpec,
+    exec_start,
+    plan_nodes,
+    validate,
+)
 
 INT_FIELDS = (
     "gpus_per_node",

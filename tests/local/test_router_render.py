@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_router
 
-from module_utils import kimi_router
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_watchdog import config_from_mapping
 
-from module_utils.kimi_watchdog import config_from_mapping
 from tests.ansible_run import REPO_ROOT, run_playbook
 
 # Tier 2 (tests/tiers.py, group local-serve): make test-all, and CI while its time allows, or when its code changed.

@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from module_utils import kimi_advisories as ka
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_advisories as ka
+
 from tests import paths
 from tests.unit.plugins.module_utils.test_kimi_advisories_refresh import curated, data_file, fake_osv, url
 

@@ -18,8 +18,8 @@ import venv
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_gpu, kimi_gpu_facts, kimi_preflight, kimi_stack
 
-from module_utils import kimi_gpu, kimi_gpu_facts, kimi_preflight, kimi_stack
 from tests import paths
 
 SCRIPT = paths.REPO_ROOT / "bin" / "kimi-gpu-facts"

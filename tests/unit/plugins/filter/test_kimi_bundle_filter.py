@@ -41,7 +41,7 @@ def test_the_prefix_is_where_the_mirror_serves_the_layout():
 
 
 def test_a_path_too_long_for_the_roles_map_buckets_gets_no_row():
-    from module_utils import kimi_bundle_hf as kbh
+    from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_hf as kbh
 
     fits = "a" * (kbh.NGINX_MAP_KEY_LIMIT - len(f"/hf/{REPO}/resolve/{SHA}/"))
     tree = [{"type": "file", "path": name, "size": 1, "oid": "1" * 40} for name in (fits, fits + "b")]

@@ -14,10 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_build as kbb
-from module_utils.kimi_bundle_build import BuildLayout, BuildSummary, StepReport
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_build as kbb
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_build import BuildLayout, BuildSummary, StepReport
 
 VARIABLES = {
     "kimi_bundle_inventory_name": "site-a",
@@ -431,7 +430,7 @@ def test_the_manifest_takes_a_steps_own_checksum_only_for_a_file_of_that_size(tm
 
 
 def test_the_checkpoint_steps_figures_count_files_not_the_api_answers():
-    from module_utils import kimi_bundle_hf as kbh
+    from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_hf as kbh
 
     files = (
         kbh.LayoutFile("x/a", 10, "a" * 64, kbh.FETCHED, "a"),

@@ -12,9 +12,8 @@ import sys
 import time
 
 import pytest
-
-from module_utils import kimi_gpu, kimi_gpu_facts, kimi_stack
-from module_utils.kimi_gpu_facts import (
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_gpu, kimi_gpu_facts, kimi_stack
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu_facts import (
     GpuFactsError,
     case_name,
     file_names,
@@ -24,6 +23,7 @@ from module_utils.kimi_gpu_facts import (
     promote,
     run_bounded,
 )
+
 from tests import paths
 
 NVIDIA_SMI_FIXTURES = paths.FIXTURES / "nvidia-smi"

@@ -11,9 +11,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_router
-from module_utils.kimi_router import (
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_router
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_router import (
     ADMIN_CMAINT,
     ADMIN_FDRAIN,
     ADMIN_FMAINT,

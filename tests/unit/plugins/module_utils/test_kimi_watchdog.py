@@ -18,8 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from module_utils.kimi_watchdog import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_watchdog import (
     HEADLESS,
     RANK0,
     VERDICTS,
@@ -48,6 +47,7 @@ from module_utils.kimi_watchdog import (
     state_to_json,
     wants_probe,
 )
+
 from tests import paths
 
 API_UNIT, HEADLESS_UNIT = "kimi-vllm.service", "kimi-vllm-headless.service"
