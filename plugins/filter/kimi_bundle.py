@@ -1,8 +1,8 @@
 """`kimi.k2.hf_mirror_headers`: the per-file headers the offline mirror's nginx adds to the checkpoint's files.
 
 The offline_mirror role renders them into `map $uri` blocks from the tree listing the bundle carries; the rows
-are kimi_bundle_hf.file_headers, the one definition the bundle's tests serve the layout by
-(plugins/module_utils/kimi_bundle_hf.py).
+are kimi_hf_headers.file_headers (plugins/module_utils/kimi_hf_headers.py), the one definition the bundle builder
+lays the checkpoint out by and the bundle's tests serve the layout by.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_hf import nginx_header_rows
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import nginx_header_rows
 
 
 def hf_mirror_headers(

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_apt as kba
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_apt import AptBundleError, AptRequest, AptSource
+from kimi_tools import kimi_bundle_apt as kba
+from kimi_tools.kimi_bundle_apt import AptBundleError, AptRequest, AptSource
 
 from tests.paths import REPO_ROOT
 

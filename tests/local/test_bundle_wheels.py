@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_wheels as kbw
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_wheels import PipSources, WheelBundleError
+from kimi_tools import kimi_bundle_wheels as kbw
+from kimi_tools.kimi_bundle_wheels import PipSources, WheelBundleError
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_apt as kba
+from kimi_tools import kimi_bundle_apt as kba
 
 from tests.unit.ansible_adhoc import run_module
 

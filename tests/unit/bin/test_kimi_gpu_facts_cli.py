@@ -18,7 +18,8 @@ import venv
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_gpu, kimi_gpu_facts, kimi_preflight, kimi_stack
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_gpu, kimi_preflight, kimi_stack
+from kimi_tools import kimi_gpu_facts
 
 from tests import paths
 

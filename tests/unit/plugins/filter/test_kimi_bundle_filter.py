@@ -1,5 +1,5 @@
 """`kimi.k2.hf_mirror_headers` (plugins/filter/kimi_bundle.py): the rows the offline mirror's nginx maps are
-rendered from, one per file of the bundled tree listing, with kimi_bundle_hf.file_headers' values."""
+rendered from, one per file of the bundled tree listing, with kimi_hf_headers.file_headers' values."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_the_prefix_is_where_the_mirror_serves_the_layout():
 
 
 def test_a_path_too_long_for_the_roles_map_buckets_gets_no_row():
-    from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_hf as kbh
+    from ansible_collections.kimi.k2.plugins.module_utils import kimi_hf_headers as kbh
 
     fits = "a" * (kbh.NGINX_MAP_KEY_LIMIT - len(f"/hf/{REPO}/resolve/{SHA}/"))
     tree = [{"type": "file", "path": name, "size": 1, "oid": "1" * 40} for name in (fits, fits + "b")]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_wheels as kbw
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_wheels import (
+from kimi_tools import kimi_bundle_wheels as kbw
+from kimi_tools.kimi_bundle_wheels import (
     PipSet,
     PipSources,
     ResolvedWheel,

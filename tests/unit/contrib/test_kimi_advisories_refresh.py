@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_advisories as ka
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_advisories_refresh as kr
+from kimi_tools import kimi_advisories_refresh as kr
 
 
 def osv(record_id, aliases=(), events=None, package="vllm", **extra):
