@@ -852,6 +852,8 @@ def failure_message(problems: Sequence[Mapping[str, Any]], phases: Sequence[str]
 # The kimi_inputs module's options, read by the module and by its action plugin (which runs this logic in the
 # controller's own process).
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    # Free-form: inventory hostname to that host's values, each judged by name (the messages name host and
+    # variable); `plan` is kimi_plan's result, passed whole.
     "hosts": {"type": "dict", "required": True},
     "phases": {"type": "list", "elements": "str", "required": True},
     "plan": {"type": "dict"},

@@ -98,6 +98,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "manifest": {"type": "str", "required": True},
+            # Free-form: variable name to the node's value; kimi_bundle judges each, naming the variable.
             "variables": {"type": "dict", "required": True},
             "host": {"type": "str", "required": True},
             "source": {"type": "str", "default": "kimi-bundle.json"},

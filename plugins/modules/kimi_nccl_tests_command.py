@@ -198,6 +198,7 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
 ARGUMENT_SPEC = {
     "launcher": {"type": "str", "choices": ["mpirun", "torchrun"], "default": "mpirun"},
     "hosts": {"type": "list", "elements": "str", "required": True},
+    # Free-form: inventory hostname to address.
     "host_addresses": {"type": "dict", "default": {}},
     "gpus_per_node": {"type": "int", "default": 8},
     "binary": {"type": "str", "required": True},
@@ -209,6 +210,7 @@ ARGUMENT_SPEC = {
     "warmup_iters": {"type": "int", "default": 5},
     "check_iters": {"type": "int", "default": 1},
     "env_file_text": {"type": "str", "default": ""},
+    # Free-form: environment variable name to value.
     "extra_env": {"type": "dict", "default": {}},
     "interface": {"type": "str", "default": ""},
     "launcher_path": {"type": "str", "default": ""},

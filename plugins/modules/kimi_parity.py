@@ -215,9 +215,11 @@ def ordered(facts: dict, hosts: list[str] | None) -> dict:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # Free-form: inventory hostname to that host's kimi_stack_facts result (passed whole).
             "facts": {"type": "dict"},
             "facts_dir": {"type": "path"},
             "hosts": {"type": "list", "elements": "str"},
+            # The pins and overrides are package name to version, nccl_env variable name to value: free-form.
             "deb_pins": {"type": "dict", "default": {}},
             "hold_debs": {"type": "bool", "default": True},
             "wheel_pins": {"type": "dict", "default": {}},

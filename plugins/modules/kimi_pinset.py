@@ -203,6 +203,7 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # Free-form: package name to version (the pins and the overrides).
             "pins": {"type": "dict", "required": True},
             "overrides": {"type": "dict", "default": {}},
             "python_version": {"type": "str", "default": "3.12"},

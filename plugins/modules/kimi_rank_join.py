@@ -83,6 +83,7 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_ranks import judge_ra
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # Free-form: inventory hostname to that rank's journal text.
             "journals": {"type": "dict", "required": True},
             "expected_world_size": {"type": "int", "default": 0},
             "expected_processes": {"type": "int", "default": 0},

@@ -121,6 +121,9 @@ def spec_from_params(raw: dict) -> ServeSpec:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # ServeSpec's fields, left untyped here on purpose: spec_from_params converts them and names the field and
+            # the inventory variable in a refusal (ServeInputError), where Ansible's own type error would not;
+            # ServeSpec itself refuses an unknown key. One definition of the fields, in kimi_serve.
             "spec": {"type": "dict", "required": True},
             "binary": {"type": "str", "default": "/opt/vllm/current/bin/vllm"},
         },

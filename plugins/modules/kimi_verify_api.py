@@ -191,6 +191,7 @@ def main() -> None:
             "require_json_arguments": {"type": "bool", "default": True},
             "reasoning": {"type": "bool", "default": False},
             "reasoning_skip_reason": {"type": "str", "default": ""},
+            # Free-form: passed to the chat template as given.
             "reasoning_chat_template_kwargs": {"type": "dict", "default": {}},
             "served_argv": {"type": "list", "elements": "str"},
             "served_pid": {"type": "int"},
