@@ -27,19 +27,20 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "plugins"))
+# The collection's code through the checkout's collections/, the builder from contrib/kimi_tools (as under pytest).
+sys.path.insert(0, str(REPO / "collections"))
+sys.path.insert(0, str(REPO / "contrib" / "kimi_tools"))
 sys.path.insert(0, str(REPO / "lab"))
 
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb  # noqa: E402
+from kimi_tools import kimi_bundle_build as kbb  # noqa: E402
+from kimi_tools import kimi_bundle_cli as cli  # noqa: E402
+from kimi_tools.kimi_bundle_apt import AptSource  # noqa: E402
+from kimi_tools.kimi_bundle_cli import format_bytes  # noqa: E402
+from kimi_tools.kimi_bundle_wheels import PipSources  # noqa: E402
 from labctl import mirrors_apt, mirrors_wheels, settings  # noqa: E402
 from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
 from packaging.version import Version  # noqa: E402
-
-from module_utils import kimi_bundle as kb  # noqa: E402
-from module_utils import kimi_bundle_build as kbb  # noqa: E402
-from module_utils import kimi_bundle_cli as cli  # noqa: E402
-from module_utils.kimi_bundle_apt import AptSource  # noqa: E402
-from module_utils.kimi_bundle_cli import format_bytes  # noqa: E402
-from module_utils.kimi_bundle_wheels import PipSources  # noqa: E402
 
 NCCL_WHEEL = "nvidia-nccl-cu13"
 NCCL_DEBS = ("libnccl2", "libnccl-dev")

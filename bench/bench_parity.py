@@ -16,15 +16,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# Same arrangement as tests/conftest.py: the collection's code is this checkout's, through collections/.
+sys.path.insert(0, str(REPO / "collections"))
 
-import ansible.module_utils  # noqa: E402
-
-# Same arrangement as tests/conftest.py: module_utils imports its siblings as ansible.module_utils.*.
-if str(REPO / "plugins" / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO / "plugins" / "module_utils"))
-
-from module_utils.kimi_parity import Pins, compare, render_table, report_json  # noqa: E402
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import Pins, compare, render_table, report_json  # noqa: E402
 
 FACTS = REPO / "tests" / "fixtures" / "stack" / "facts" / "node1.json"
 WHEELS_PER_HOST = 200

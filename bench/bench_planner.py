@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "plugins"))
+# The collection's code is this checkout's, through collections/ (as under pytest).
+sys.path.insert(0, str(REPO / "collections"))
 
-from module_utils.kimi_plan_options import plan_from_options  # noqa: E402
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import plan_from_options  # noqa: E402
 
 TABLE = REPO / "tests" / "fixtures" / "planner" / "startup_logs.json"
 GIB = 1024**3

@@ -1,8 +1,10 @@
 """Shared pytest set-up.
 
-The repository root and lab/ are importable (`module_utils.*`, `labctl`), and the repository's module_utils
-directory is added to `ansible.module_utils`, so code that imports its siblings the way Ansible's module
-packer needs (`from ansible.module_utils.kimi_node import ...`) runs unchanged under pytest.
+Tests import the collection's code the one way modules, filters and action plugins do,
+`ansible_collections.kimi.k2.plugins.module_utils.<name>`: the checkout's collections/ directory (whose
+ansible_collections/kimi/k2/{plugins,meta} are links into this checkout) comes first on sys.path, so that name
+is this checkout's code, never an installed copy of kimi.k2. lab/ is importable (`labctl`), and so is
+contrib/kimi_tools (`kimi_tools`, the bundle builder and the other checkout tools).
 """
 
 from __future__ import annotations
@@ -10,17 +12,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import ansible.module_utils
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-for path in (REPO_ROOT, REPO_ROOT / "lab"):
+for path in (REPO_ROOT / "collections", REPO_ROOT / "lab", REPO_ROOT / "contrib" / "kimi_tools"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
-
-if str(REPO_ROOT / "plugins" / "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(str(REPO_ROOT / "plugins" / "module_utils"))
 
 
 def pytest_addoption(parser):

@@ -21,7 +21,8 @@ from collections import deque
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-MODULE = "kimi_checkpoint_job"
+# By FQCN: the collection's module, found the way every task of the collection finds it.
+MODULE = "kimi.k2.kimi_checkpoint_job"
 # The rate (and so the ETA) is averaged over this many polls: steady, yet follows a real change of speed.
 RATE_WINDOW = 6
 

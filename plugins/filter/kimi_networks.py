@@ -10,10 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
-    from ansible_collections.kimi.k2.plugins.module_utils import kimi_networks
-except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
-    from module_utils import kimi_networks  # type: ignore[no-redef]
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_networks
 
 
 def in_networks(address: str, networks: Iterable[str]) -> bool:

@@ -10,12 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import normalize_name
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_venv_diff import venv_differences
-except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
-    from module_utils.kimi_pinset import normalize_name
-    from module_utils.kimi_venv_diff import venv_differences
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import normalize_name
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_venv_diff import venv_differences
 
 
 def pep503_name(name: str) -> str:

@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
-    from ansible_collections.kimi.k2.plugins.module_utils import kimi_replicas
-except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
-    from module_utils import kimi_replicas  # type: ignore[no-redef]
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_replicas
 
 
 def replica_play_pattern(groups: Mapping[str, Sequence[str]]) -> str:

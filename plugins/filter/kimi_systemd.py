@@ -9,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-try:  # the kimi.k2 collection: installed, or this checkout through ansible.cfg's collections_path
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_systemd import parse_unit
-except ImportError:  # pytest, with the repository root on sys.path (tests/conftest.py)
-    from module_utils.kimi_systemd import parse_unit
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_systemd import parse_unit
 
 
 def systemctl_show(text: str | None) -> dict[str, str]:

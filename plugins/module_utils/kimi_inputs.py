@@ -7,8 +7,9 @@ repository id of the form org/name, pins that are exact versions and agree with 
 clash, absolute paths, a model and GPU the planner knows, a layout vLLM accepts. Each problem names the host,
 the variable, the phase that needs it and how to set it; the same problem on many hosts is reported once.
 
-Stdlib and `packaging` only (ansible-core depends on it), free of Ansible imports: plugins/modules/kimi_inputs.py
-imports it as ``ansible.module_utils.kimi_inputs``, the unit tests import it directly.
+Stdlib and `packaging` only (ansible-core depends on it), free of Ansible imports: plugins/modules/kimi_inputs.py,
+plugins/action/kimi_inputs.py and the unit tests import it as
+``ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs``.
 """
 
 from __future__ import annotations
@@ -851,6 +852,8 @@ def failure_message(problems: Sequence[Mapping[str, Any]], phases: Sequence[str]
 # The kimi_inputs module's options, read by the module and by its action plugin (which runs this logic in the
 # controller's own process).
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
+    # Free-form: inventory hostname to that host's values, each judged by name (the messages name host and
+    # variable); `plan` is kimi_plan's result, passed whole.
     "hosts": {"type": "dict", "required": True},
     "phases": {"type": "list", "elements": "str", "required": True},
     "plan": {"type": "dict"},

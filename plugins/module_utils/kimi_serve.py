@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kimi_layout import Layout, layout_problems
-from .kimi_systemd import unix_timestamp
 
-# One reading of `ss` for the serve phase and the node's watchdog, which runs kimi_watchdog.py on its own; the
-# names stay importable from here (kimi_serve_group, the tests).
-from .kimi_watchdog import rendezvous_closed
-from .kimi_watchdog import rendezvous_states as rendezvous_states
+# One reading of `ss` for the serve phase and the node's watchdog (roles/vllm_serve/files/kimi_watchdog.py, which
+# imports a copy of kimi_rendezvous beside it); the names stay importable from here (kimi_serve_group, the tests).
+from .kimi_rendezvous import rendezvous_closed
+from .kimi_rendezvous import rendezvous_states as rendezvous_states
+from .kimi_systemd import unix_timestamp
 
 API_UNIT = "kimi-vllm.service"
 HEADLESS_UNIT = "kimi-vllm-headless.service"

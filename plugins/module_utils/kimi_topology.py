@@ -134,6 +134,7 @@ def resolve_topology(
 # controller's own process).
 ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "hosts": {"type": "list", "elements": "str", "required": True},
+    # Free-form: inventory hostname to node rank.
     "rank_overrides": {"type": "dict", "default": {}},
     "gpus_per_node": {"type": "raw", "required": True},
     "tensor_parallel_size": {"type": "raw", "required": True},

@@ -84,31 +84,21 @@ inputs_sha256:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_bundle import (
-        BundleInputError,
-        ManifestError,
-        bad_manifest_message,
-        bad_node_inputs_message,
-        match_manifest,
-        mismatch_message,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
-        BundleInputError,
-        ManifestError,
-        bad_manifest_message,
-        bad_node_inputs_message,
-        match_manifest,
-        mismatch_message,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
+    BundleInputError,
+    ManifestError,
+    bad_manifest_message,
+    bad_node_inputs_message,
+    match_manifest,
+    mismatch_message,
+)
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "manifest": {"type": "str", "required": True},
+            # Free-form: variable name to the node's value; kimi_bundle judges each, naming the variable.
             "variables": {"type": "dict", "required": True},
             "host": {"type": "str", "required": True},
             "source": {"type": "str", "default": "kimi-bundle.json"},

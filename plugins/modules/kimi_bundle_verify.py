@@ -114,15 +114,9 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_bundle_signature import normalise_fingerprint
-    from ansible.module_utils.kimi_bundle_tree import BundleError
-    from ansible.module_utils.kimi_bundle_verify import failure_message, verify_bundle
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import normalise_fingerprint
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_verify import failure_message, verify_bundle
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import normalise_fingerprint
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_verify import failure_message, verify_bundle
 
 
 def main() -> None:

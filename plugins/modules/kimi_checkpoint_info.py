@@ -106,11 +106,7 @@ sample_problems:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_checkpoint_node import marker_state
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import marker_state
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import marker_state
 
 
 def main() -> None:

@@ -167,17 +167,13 @@ stall_message:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_checkpoint_node import JobError, progress, repo_files, start_job, stop_stalled
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import (
-        JobError,
-        progress,
-        repo_files,
-        start_job,
-        stop_stalled,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import (
+    JobError,
+    progress,
+    repo_files,
+    start_job,
+    stop_stalled,
+)
 
 
 def main() -> None:

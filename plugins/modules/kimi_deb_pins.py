@@ -98,6 +98,7 @@ def main() -> None:
         argument_spec={
             "path": {"type": "path", "required": True},
             "content": {"type": "str", "required": True},
+            # Free-form: package name to pinned version.
             "packages": {"type": "dict", "required": True},
         },
         supports_check_mode=True,

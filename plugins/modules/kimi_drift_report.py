@@ -70,9 +70,26 @@ options:
     type: dict
     default: {}
   checks:
-    description: Which checks ran - converge, checkpoint, service, health (all true by default).
+    description: Which checks ran (each true when left out).
     type: dict
     default: {}
+    suboptions:
+      converge:
+        description: The check-mode converge ran (its record is read).
+        type: bool
+        default: true
+      checkpoint:
+        description: Each node's checkpoint marker and files were read.
+        type: bool
+        default: true
+      service:
+        description: Each node's vLLM units were read.
+        type: bool
+        default: true
+      health:
+        description: Rank 0's /health was asked.
+        type: bool
+        default: true
   problems:
     description: Things drift could not establish (e.g. the pin set did not resolve); each is a finding.
     type: list
@@ -163,27 +180,15 @@ import re
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_drift import (
-        build_report,
-        parse_changes,
-        render_markdown,
-        render_table,
-        report_json,
-    )
-    from ansible.module_utils.kimi_replicas import replica_by_host
-    from ansible.module_utils.kimi_report import write_report_files
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
-        build_report,
-        parse_changes,
-        render_markdown,
-        render_table,
-        report_json,
-    )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
+    build_report,
+    parse_changes,
+    render_markdown,
+    render_table,
+    report_json,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
 
 STAMP = re.compile(r"^\d{8}T\d{6}Z$")
 STAMPED = re.compile(r"^drift-(\d{8}T\d{6}Z)(\.json|\.md|\.converge\.jsonl)$")
@@ -204,22 +209,31 @@ def prune(directory: Path, keep: int) -> list[str]:
     return removed
 
 
+# Which checks ran; build_report's own default for each is true too.
+CHECKS_OPTIONS = {name: {"type": "bool", "default": True} for name in ("converge", "checkpoint", "service", "health")}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "hosts": {"type": "list", "elements": "str", "required": True},
+            # Free-form: keyed by inventory hostname or replica name.
             "ranks": {"type": "dict", "default": {}},
             "replicas": {"type": "dict"},
             "layout": {"type": "str", "default": "mp"},
             "changes_file": {"type": "path"},
             "run_id": {"type": "str", "default": ""},
+            # Left as given: `converge` may be {} (no converge: falsy) and `checkpoint` is read with .get(), where
+            # suboptions would fill every key left out with None; `parity` is another module's result and `nodes`
+            # is keyed by hostname. build_report judges their shape.
             "converge": {"type": "dict", "default": {}},
             "parity": {"type": "dict"},
             "nodes": {"type": "dict", "default": {}},
             "checkpoint": {"type": "dict", "default": {}},
-            "checks": {"type": "dict", "default": {}},
+            "checks": {"type": "dict", "default": {}, "options": CHECKS_OPTIONS},
             "problems": {"type": "list", "elements": "str", "default": []},
             "ignore": {"type": "list", "elements": "str", "default": []},
+            # Shown in the report's header as given (free-form).
             "context": {"type": "dict", "default": {}},
             "report_dir": {"type": "path", "required": True},
             "stamp": {"type": "str", "required": True},

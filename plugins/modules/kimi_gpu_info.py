@@ -89,25 +89,14 @@ busy_descriptions:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_gpu import (
-        APPS_QUERY_ARGS,
-        GPU_QUERY_ARGS,
-        NvidiaSmiParseError,
-        describe_busy,
-        gpu_facts,
-    )
-    from ansible.module_utils.kimi_presets import gpu_preset_for_driver_name
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu import (
-        APPS_QUERY_ARGS,
-        GPU_QUERY_ARGS,
-        NvidiaSmiParseError,
-        describe_busy,
-        gpu_facts,
-    )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import gpu_preset_for_driver_name
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu import (
+    APPS_QUERY_ARGS,
+    GPU_QUERY_ARGS,
+    NvidiaSmiParseError,
+    describe_busy,
+    gpu_facts,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import gpu_preset_for_driver_name
 
 EMPTY = dict(
     gpu_count=0,

@@ -62,25 +62,14 @@ from dataclasses import asdict
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_checkpoint import (
-        explain_hub_error,
-        files_from_tree,
-        hub_retry_delay,
-        is_commit_sha,
-        next_page,
-        select_files,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import (
-        explain_hub_error,
-        files_from_tree,
-        hub_retry_delay,
-        is_commit_sha,
-        next_page,
-        select_files,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import (
+    explain_hub_error,
+    files_from_tree,
+    hub_retry_delay,
+    is_commit_sha,
+    next_page,
+    select_files,
+)
 
 
 class HubError(Exception):

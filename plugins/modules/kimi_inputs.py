@@ -80,11 +80,7 @@ phases:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_inputs import ARGUMENT_SPEC, inputs_answer
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import ARGUMENT_SPEC, inputs_answer
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import ARGUMENT_SPEC, inputs_answer
 
 
 # plugins/action/kimi_inputs.py runs the same answer in the controller's process (the task runs on the

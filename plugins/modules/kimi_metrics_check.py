@@ -86,25 +86,14 @@ check:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_metrics import (
-        dashboard_file_expressions,
-        describe_missing,
-        metric_uses,
-        missing_metrics,
-        parse_exposition,
-        rule_expressions,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_metrics import (
-        dashboard_file_expressions,
-        describe_missing,
-        metric_uses,
-        missing_metrics,
-        parse_exposition,
-        rule_expressions,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_metrics import (
+    dashboard_file_expressions,
+    describe_missing,
+    metric_uses,
+    missing_metrics,
+    parse_exposition,
+    rule_expressions,
+)
 
 CHECK_NAME = "metric_names"
 

@@ -189,19 +189,16 @@ variable:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_nccl_tests import NcclTestsInputError, launch_spec, render
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
-        NcclTestsInputError,
-        launch_spec,
-        render,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
+    NcclTestsInputError,
+    launch_spec,
+    render,
+)
 
 ARGUMENT_SPEC = {
     "launcher": {"type": "str", "choices": ["mpirun", "torchrun"], "default": "mpirun"},
     "hosts": {"type": "list", "elements": "str", "required": True},
+    # Free-form: inventory hostname to address.
     "host_addresses": {"type": "dict", "default": {}},
     "gpus_per_node": {"type": "int", "default": 8},
     "binary": {"type": "str", "required": True},
@@ -213,6 +210,7 @@ ARGUMENT_SPEC = {
     "warmup_iters": {"type": "int", "default": 5},
     "check_iters": {"type": "int", "default": 1},
     "env_file_text": {"type": "str", "default": ""},
+    # Free-form: environment variable name to value.
     "extra_env": {"type": "dict", "default": {}},
     "interface": {"type": "str", "default": ""},
     "launcher_path": {"type": "str", "default": ""},

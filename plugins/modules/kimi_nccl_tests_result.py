@@ -115,11 +115,7 @@ passed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_nccl_tests import verdict
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import verdict
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import verdict
 
 ARGUMENT_SPEC = {
     "text": {"type": "str", "required": True},

@@ -114,35 +114,19 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_nftables import (
-        file_sha256,
-        flushes_ruleset,
-        judge,
-        load_state,
-        normalise,
-        rule_lines,
-        split_table,
-        state_document,
-        state_text,
-        table_absent,
-        table_text,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_nftables import (
-        file_sha256,
-        flushes_ruleset,
-        judge,
-        load_state,
-        normalise,
-        rule_lines,
-        split_table,
-        state_document,
-        state_text,
-        table_absent,
-        table_text,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nftables import (
+    file_sha256,
+    flushes_ruleset,
+    judge,
+    load_state,
+    normalise,
+    rule_lines,
+    split_table,
+    state_document,
+    state_text,
+    table_absent,
+    table_text,
+)
 
 
 def list_table(module: AnsibleModule, nft: str, option: str, family: str, name: str) -> str | None:

@@ -112,11 +112,7 @@ apt_sources:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_node import gather
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_node import gather
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_node import gather
 
 
 def main() -> None:

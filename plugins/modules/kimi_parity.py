@@ -171,19 +171,14 @@ import json
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
-    from ansible.module_utils.kimi_report import write_report_file
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import (
-        Pins,
-        compare,
-        render_table,
-        report_json,
-        summary_message,
-    )
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_file
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import (
+    Pins,
+    compare,
+    render_table,
+    report_json,
+    summary_message,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_file
 
 PIN_OPTIONS = {
     "deb_pins": "debs",
@@ -220,9 +215,11 @@ def ordered(facts: dict, hosts: list[str] | None) -> dict:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # Free-form: inventory hostname to that host's kimi_stack_facts result (passed whole).
             "facts": {"type": "dict"},
             "facts_dir": {"type": "path"},
             "hosts": {"type": "list", "elements": "str"},
+            # The pins and overrides are package name to version, nccl_env variable name to value: free-form.
             "deb_pins": {"type": "dict", "default": {}},
             "hold_debs": {"type": "bool", "default": True},
             "wheel_pins": {"type": "dict", "default": {}},

@@ -190,30 +190,20 @@ pip:
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_pinset import (
-        DEFAULT_INDEX_URL,
-        ResolveSettings,
-        describe,
-        pins_from_mapping,
-        pip_preflight,
-        resolve_pinset,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
-        DEFAULT_INDEX_URL,
-        ResolveSettings,
-        describe,
-        pins_from_mapping,
-        pip_preflight,
-        resolve_pinset,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
+    DEFAULT_INDEX_URL,
+    ResolveSettings,
+    describe,
+    pins_from_mapping,
+    pip_preflight,
+    resolve_pinset,
+)
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # Free-form: package name to version (the pins and the overrides).
             "pins": {"type": "dict", "required": True},
             "overrides": {"type": "dict", "default": {}},
             "python_version": {"type": "str", "default": "3.12"},

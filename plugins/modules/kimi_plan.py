@@ -224,17 +224,10 @@ table:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_overhead import ALL2ALL_BACKENDS
-    from ansible.module_utils.kimi_plan_options import OPTION_DEFAULTS, plan_from_options
-    from ansible.module_utils.kimi_plan_render import render_text
-    from ansible.module_utils.kimi_presets import PlanInputError
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_overhead import ALL2ALL_BACKENDS
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import OPTION_DEFAULTS, plan_from_options
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_render import render_text
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import PlanInputError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_overhead import ALL2ALL_BACKENDS
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import OPTION_DEFAULTS, plan_from_options
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_render import render_text
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import PlanInputError
 
 # Types per option; the defaults are the planner's own (OPTION_DEFAULTS), the ones bin/kimi-plan uses, so the CLI
 # and the play give the same plan for the same inputs.

@@ -18,14 +18,70 @@ description:
     and the URI; files in I(requirements.apt_sources_managed) are skipped. Without it the column is n/a.
 options:
   requirements:
-    description: >-
-      What every node needs. Keys: accelerator (nvidia|cpu), gpus_per_node, gpu_name, gpu_memory_mib,
-      driver_version_prefix, ram_gpu_factor, cpu_ram_per_rank_bytes, shm_min_bytes, data_required_bytes,
-      data_margin_bytes, interfaces (list), own_units (list of unit name patterns whose ports and GPU memory
-      are ours), offline_mirror_url (the air-gapped site's mirror; empty skips the apt sources check),
-      apt_sources_managed (list of apt source files the converge itself points at the mirror).
+    description: What every node needs (the fields of plugins/module_utils/kimi_preflight.py's Requirements).
     type: dict
     required: true
+    suboptions:
+      accelerator:
+        description: C(nvidia), or C(cpu) on CPU lab nodes (the GPU checks become CPU checks).
+        type: str
+        required: true
+      gpus_per_node:
+        description: GPUs (or, on C(cpu), ranks) each node must have.
+        type: int
+        required: true
+      gpu:
+        description: The GPU preset (nvidia) - the names nvidia-smi may print and the memory it reports.
+        type: str
+        default: ""
+      model:
+        description: The model preset - its published checkpoint size when I(data_required_bytes) is 0.
+        type: str
+        default: ""
+      driver_version_prefix:
+        description: The driver version every node must start with, e.g. C(580.) (nvidia, optional).
+        type: str
+        default: ""
+      ram_gpu_factor:
+        description: Warn when a node's RAM is below this factor times its total GPU memory (nvidia).
+        type: float
+        default: 2.0
+      cpu_ram_per_rank_bytes:
+        description: On C(cpu), the RAM each rank needs (KV cache and the process).
+        type: int
+        default: 0
+      shm_min_bytes:
+        description: The least /dev/shm a node must have.
+        type: int
+        default: 0
+      data_required_bytes:
+        description: The whole checkpoint's size; 0 takes the model preset's published size.
+        type: int
+        default: 0
+      data_margin_bytes:
+        description: Free space the data disk must have beyond the checkpoint.
+        type: int
+        default: 0
+      interfaces:
+        description: Network interfaces every node must have.
+        type: list
+        elements: str
+        default: []
+      own_units:
+        description: Unit name patterns whose ports and GPU memory are ours (not another program's).
+        type: list
+        elements: str
+        default: []
+      offline_mirror_url:
+        description: The air-gapped site's mirror, the one URL every apt source must be under; empty skips the
+          apt sources check.
+        type: str
+        default: ""
+      apt_sources_managed:
+        description: Apt source files the converge itself points at the mirror (not judged).
+        type: list
+        elements: str
+        default: []
   hosts:
     description: Per host, C(host_ip) (the node's VLLM_HOST_IP) and C(ports) (port number to purpose).
     type: dict
@@ -86,13 +142,25 @@ summary_lines:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_report_file
 
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
-    from ansible.module_utils.kimi_report import report_json, write_report_file
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import HostExpectation, Requirements, evaluate
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_report_file
+REQUIREMENTS_OPTIONS = {
+    "accelerator": {"type": "str", "required": True},
+    "gpus_per_node": {"type": "int", "required": True},
+    "gpu": {"type": "str", "default": ""},
+    "model": {"type": "str", "default": ""},
+    "driver_version_prefix": {"type": "str", "default": ""},
+    "ram_gpu_factor": {"type": "float", "default": 2.0},
+    "cpu_ram_per_rank_bytes": {"type": "int", "default": 0},
+    "shm_min_bytes": {"type": "int", "default": 0},
+    "data_required_bytes": {"type": "int", "default": 0},
+    "data_margin_bytes": {"type": "int", "default": 0},
+    "interfaces": {"type": "list", "elements": "str", "default": []},
+    "own_units": {"type": "list", "elements": "str", "default": []},
+    "offline_mirror_url": {"type": "str", "default": ""},
+    "apt_sources_managed": {"type": "list", "elements": "str", "default": []},
+}
 
 
 def expectations_from(hosts: dict) -> dict[str, HostExpectation]:
@@ -108,7 +176,10 @@ def expectations_from(hosts: dict) -> dict[str, HostExpectation]:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "requirements": {"type": "dict", "required": True},
+            # Requirements' fields, with its defaults: a key left out gets the same value as before.
+            "requirements": {"type": "dict", "required": True, "options": REQUIREMENTS_OPTIONS},
+            # Keyed by inventory hostname, each value one host's expectation or facts (another module's result,
+            # passed whole): free-form mappings, judged by kimi_preflight itself.
             "hosts": {"type": "dict", "required": True},
             "node_facts": {"type": "dict", "required": True},
             "gpu_facts": {"type": "dict", "default": {}},

@@ -77,16 +77,13 @@ nccl:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_ranks import judge_rank_join
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_ranks import judge_rank_join
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_ranks import judge_rank_join
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # Free-form: inventory hostname to that rank's journal text.
             "journals": {"type": "dict", "required": True},
             "expected_world_size": {"type": "int", "default": 0},
             "expected_processes": {"type": "int", "default": 0},

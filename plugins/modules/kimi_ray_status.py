@@ -47,11 +47,7 @@ ray:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_serve import parse_ray_status, ray_status_problems
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import parse_ray_status, ray_status_problems
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import parse_ray_status, ray_status_problems
 
 
 def main() -> None:

@@ -81,11 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_report import report_json, write_report_file
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_report_file
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import report_json, write_report_file
 
 
 def report_text(value: Any, text: str | None) -> str:

@@ -56,17 +56,13 @@ nodes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_serve import ServeInputError, ServeSpec, exec_start, plan_nodes, validate
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
-        ServeInputError,
-        ServeSpec,
-        exec_start,
-        plan_nodes,
-        validate,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
+    ServeInputError,
+    ServeSpec,
+    exec_start,
+    plan_nodes,
+    validate,
+)
 
 INT_FIELDS = (
     "gpus_per_node",
@@ -125,6 +121,9 @@ def spec_from_params(raw: dict) -> ServeSpec:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
+            # ServeSpec's fields, left untyped here on purpose: spec_from_params converts them and names the field and
+            # the inventory variable in a refusal (ServeInputError), where Ansible's own type error would not;
+            # ServeSpec itself refuses an unknown key. One definition of the fields, in kimi_serve.
             "spec": {"type": "dict", "required": True},
             "binary": {"type": "str", "default": "/opt/vllm/current/bin/vllm"},
         },

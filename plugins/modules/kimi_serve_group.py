@@ -54,11 +54,7 @@ reasons:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_serve import group_restart_reasons, rendezvous_states
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons, rendezvous_states
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons, rendezvous_states
 
 
 def with_rendezvous_states(node: dict) -> dict:

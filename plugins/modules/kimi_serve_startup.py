@@ -66,11 +66,7 @@ kv:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_serve import compare_kv, parse_startup_log
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import compare_kv, parse_startup_log
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import compare_kv, parse_startup_log
 
 
 def main() -> None:

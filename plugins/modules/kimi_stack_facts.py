@@ -87,11 +87,7 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_stack import DEFAULT_DEB_PATTERNS, gather
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import DEFAULT_DEB_PATTERNS, gather
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import DEFAULT_DEB_PATTERNS, gather
 
 
 def main() -> None:

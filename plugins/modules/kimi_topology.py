@@ -90,11 +90,7 @@ world_size:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_topology import ARGUMENT_SPEC, topology_answer
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import ARGUMENT_SPEC, topology_answer
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import ARGUMENT_SPEC, topology_answer
 
 
 # plugins/action/kimi_topology.py runs the same answer in the controller's process (the task runs on the

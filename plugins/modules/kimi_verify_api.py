@@ -165,16 +165,12 @@ served_argv:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_verify import ApiCheckOptions, argv_from_cmdline, failure_summary, run_api_checks
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify import (
-        ApiCheckOptions,
-        argv_from_cmdline,
-        failure_summary,
-        run_api_checks,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify import (
+    ApiCheckOptions,
+    argv_from_cmdline,
+    failure_summary,
+    run_api_checks,
+)
 
 
 def read_argv(pid: int) -> list[str]:
@@ -195,6 +191,7 @@ def main() -> None:
             "require_json_arguments": {"type": "bool", "default": True},
             "reasoning": {"type": "bool", "default": False},
             "reasoning_skip_reason": {"type": "str", "default": ""},
+            # Free-form: passed to the chat template as given.
             "reasoning_chat_template_kwargs": {"type": "dict", "default": {}},
             "served_argv": {"type": "list", "elements": "str"},
             "served_pid": {"type": "int"},

@@ -136,33 +136,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_verify_report import (
-        build_report,
-        default_basename,
-        rank_join_check,
-        render_table,
-        utc_timestamp,
-        verdict,
-        write_report,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify_report import (
-        build_report,
-        default_basename,
-        rank_join_check,
-        render_table,
-        utc_timestamp,
-        verdict,
-        write_report,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify_report import (
+    build_report,
+    default_basename,
+    rank_join_check,
+    render_table,
+    utc_timestamp,
+    verdict,
+    write_report,
+)
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "checks": {"type": "list", "elements": "dict", "default": []},
+            # Registered results of other modules (passed whole), and what the report records as given: suboptions
+            # would add every key left out as null to the written report.
             "rank_join": {"type": "dict"},
             "loadtest": {"type": "dict"},
             "thresholds": {"type": "dict"},

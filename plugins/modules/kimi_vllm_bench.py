@@ -174,29 +174,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:  # a checkout (ansible.cfg: module_utils = plugins/module_utils): its code, never an installed copy's
-    from ansible.module_utils.kimi_bench import (
-        BenchConfig,
-        Gates,
-        bench_argv,
-        bench_environment,
-        judge,
-        read_result,
-        run_bench,
-        summary_line,
-    )
-except ImportError:  # installed as the kimi.k2 collection
-    from ansible_collections.kimi.k2.plugins.module_utils.kimi_bench import (
-        BenchConfig,
-        Gates,
-        bench_argv,
-        bench_environment,
-        judge,
-        read_result,
-        run_bench,
-        summary_line,
-    )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bench import (
+    BenchConfig,
+    Gates,
+    bench_argv,
+    bench_environment,
+    judge,
+    read_result,
+    run_bench,
+    summary_line,
+)
 
 GATE_OPTIONS = ("ttft_p99_ms", "tpot_p99_ms", "itl_p99_ms", "e2el_p99_ms", "max_error_rate", "min_goodput_share")
 

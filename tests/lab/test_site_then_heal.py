@@ -17,8 +17,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_metrics
 
-from plugins.module_utils import kimi_metrics
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab_api import RANK0_ADDRESS, generates_a_token
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_apt as kba
+from kimi_tools.kimi_bundle_apt import AptBundleError, AptRequest, AptSource
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_apt as kba
-from module_utils.kimi_bundle_apt import AptBundleError, AptRequest, AptSource
 from tests.paths import REPO_ROOT
 
 # Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.

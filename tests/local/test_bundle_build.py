@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from module_utils import kimi_bundle as kb
 from tests.ansible_run import REPO_ROOT, VENV_BIN, run_playbook
 from tests.lab_olah import lab_hf_or_skip, running_olah
 

@@ -39,9 +39,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
+from kimi_tools import kimi_bundle_hf as kbh
 
-from module_utils import kimi_bundle_hf as kbh
-from module_utils import kimi_checkpoint as ck
 from tests.lab_olah import free_port, lab_hf_or_skip, running_olah
 from tests.unit.ansible_adhoc import run_module
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_wheels as kbw
+from kimi_tools.kimi_bundle_wheels import PipSources, WheelBundleError
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_wheels as kbw
-from module_utils.kimi_bundle_wheels import PipSources, WheelBundleError
 from tests.paths import REPO_ROOT
 
 # Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.

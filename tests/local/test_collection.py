@@ -1,6 +1,6 @@
 """The checkout as the kimi.k2 collection: built with ansible-galaxy, installed from the tarball into a
 temporary collections path, and used by a playbook of a user's own (a role and a module by FQCN, check mode)
-in a project that has none of this repository's ansible.cfg, library or module_utils paths.
+in a project that has none of this repository's ansible.cfg or collections path.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_the_tarball_holds_the_collection_and_not_the_test_bed(installed):
         "site.yml",
     ):
         assert (root / wanted).is_file(), wanted
-    for absent in ("lab", "tests", "molecule", ".venv", "library", "module_utils", "collections"):
+    for absent in ("lab", "tests", "molecule", ".venv", "library", "module_utils", "collections", "contrib", "bin"):
         assert not (root / absent).exists(), absent
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
 
-from module_utils import kimi_checkpoint as ck
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 
 # Tier 2 (tests/tiers.py, group local-slow): make test-all, and CI while its time allows, or when its code changed.

@@ -2,7 +2,7 @@
 
 Each test builds a small bundle in tmp_path (an apt directory with the exported keyring, a wheelhouse, a relative
 symlink), writes its manifest with kimi_bundle.manifest_document and signs it detached and armored with a key made
-in a GnuPG home of the test's own, then runs `ansible localhost -m kimi_bundle_verify` with the host's bare
+in a GnuPG home of the test's own, then runs `ansible localhost -m kimi.k2.kimi_bundle_verify` with the host's bare
 /usr/bin/python3 (no `packaging`, like a node's): the module must run there. A good bundle passes (read-only, in
 check mode too); a flipped byte names the file and both sha256; a truncated file is named by its size; a manifest
 signed by another key is refused naming both fingerprints, whether or not the bundle's keyring was swapped for
@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_apt as kba
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_apt as kba
 from tests.unit.ansible_adhoc import run_module
 
 NODE_PYTHON = "/usr/bin/python3"

@@ -1,5 +1,5 @@
 """kimi_nftables as Ansible runs it, against a real kernel ruleset: each test gets a throwaway network namespace
-(tests/netns.py) and runs `ansible localhost -m kimi_nftables` inside it, so this host's own ruleset is never
+(tests/netns.py) and runs `ansible localhost -m kimi.k2.kimi_nftables` inside it, so this host's own ruleset is never
 read or changed.
 
 The first run loads the firewall role's rules and records them; the second changes nothing; a rule deleted by
@@ -77,7 +77,7 @@ def run(namespace: netns.Netns, tmp_path: Path, args: dict, *, check: bool = Fal
         "ANSIBLE_NOCOLOR": "1",
     }
     arguments = {k: str(v) for k, v in args.items()}
-    command = [ansible_executable(), "all", "-i", "localhost,", "-c", "local", "-m", "kimi_nftables"]
+    command = [ansible_executable(), "all", "-i", "localhost,", "-c", "local", "-m", "kimi.k2.kimi_nftables"]
     command += ["-a", json.dumps(arguments), "-e", f"ansible_python_interpreter={sys.executable}"]
     command += ["--check"] * check + ["--diff"] * diff
     done = subprocess.run(

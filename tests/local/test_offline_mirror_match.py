@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
 
-from module_utils import kimi_bundle as kb
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 from tests.local.test_bundle_build import environment
 

@@ -105,7 +105,7 @@ def test_without_a_mirror_host_the_play_runs_nothing(tmp_path):
 def signing_key(tmp_path_factory):
     if shutil.which("gpg") is None or shutil.which("gpgv") is None:
         pytest.skip("no gpg or gpgv (apt-get install gnupg)")
-    from module_utils import kimi_bundle_apt as kba
+    from kimi_tools import kimi_bundle_apt as kba
 
     home = tmp_path_factory.mktemp("gnupg")
     try:

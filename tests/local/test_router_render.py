@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from module_utils import kimi_router
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
+from tests.node_programs import haproxy_ctl
 
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 OPENSSL = shutil.which("openssl")
@@ -134,7 +134,7 @@ class Site:
         return self.root / "admin.sock"
 
     def ctl(self) -> list[str]:
-        script = REPO_ROOT / "plugins" / "module_utils" / "kimi_router.py"
+        script = REPO_ROOT / "roles" / "router" / "files" / "kimi-haproxy-ctl"
         return [sys.executable, str(script), "--socket", str(self.socket), "--backend", "kimi_replicas"]
 
     def variables(self, **extra: object) -> dict[str, object]:
@@ -214,7 +214,7 @@ def test_the_files_are_written_with_their_modes_and_owners(site, written):
     assert (site.etc / "kimi-api-keys.lst").read_text() == "".join(f"Bearer {key}\n" for key in CLIENT_KEYS)
     pem = (site.etc / "kimi-router.pem").read_text()
     assert pem == f"{site.certificate.strip()}\n{site.key.strip()}\n"
-    shipped = REPO_ROOT / "plugins" / "module_utils" / "kimi_router.py"
+    shipped = REPO_ROOT / "roles" / "router" / "files" / "kimi-haproxy-ctl"
     assert (site.root / "kimi-haproxy-ctl").read_bytes() == shipped.read_bytes()
 
 
@@ -676,10 +676,10 @@ def test_a_mismatched_key_is_refused_by_the_pem_check(site, written, tmp_path):
     _, other_key, _ = tls_pair(tmp_path)
     pem = tmp_path / "mismatch.pem"
     pem.write_text(site.certificate + other_key)
-    assert kimi_router.main(["check-pem", str(pem), "--haproxy", HAPROXY]) == 1
+    assert haproxy_ctl().main(["check-pem", str(pem), "--haproxy", HAPROXY]) == 1
     good = tmp_path / "good.pem"
     good.write_text(site.certificate + site.key)
-    assert kimi_router.main(["check-pem", str(good), "--haproxy", HAPROXY]) == 0
+    assert haproxy_ctl().main(["check-pem", str(good), "--haproxy", HAPROXY]) == 0
 
 
 # ---------------------------------------------------------------------------------------------------------

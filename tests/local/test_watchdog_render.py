@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from module_utils.kimi_watchdog import config_from_mapping
 from tests.ansible_run import REPO_ROOT, run_playbook
+from tests.node_programs import watchdog
 
 # Tier 2 (tests/tiers.py, group local-serve): make test-all, and CI while its time allows, or when its code changed.
 pytestmark = pytest.mark.tier2("local-serve")
@@ -69,7 +69,7 @@ def test_a_second_run_changes_nothing(rendered):
 def test_rank_0_judges_its_own_api_with_the_key_file_and_the_timings(rendered):
     root, _ = rendered
     config = json.loads((root / "node1/etc/kimi/watchdog.json").read_text())
-    assert config_from_mapping(config).role == "rank0"
+    assert watchdog().config_from_mapping(config).role == "rank0"
     assert config["unit"] == "kimi-vllm.service"
     # The API binds to the cluster address (vllm_serve_api_host), so rank 0 asks itself there.
     assert config["health_url"] == "http://198.18.0.11:8000/health"
@@ -89,7 +89,7 @@ def test_rank_0_judges_its_own_api_with_the_key_file_and_the_timings(rendered):
 def test_the_headless_rank_reaches_rank_0_on_its_announced_address(rendered):
     root, _ = rendered
     config = json.loads((root / "node2/etc/kimi/watchdog.json").read_text())
-    assert config_from_mapping(config).role == "headless"
+    assert watchdog().config_from_mapping(config).role == "headless"
     assert config["unit"] == "kimi-vllm-headless.service"
     assert config["health_url"] == "http://198.18.0.11:8000/health"
     assert config["rendezvous"] == "198.18.0.11:29501"
@@ -117,9 +117,16 @@ def test_the_timer_checks_every_interval_without_overlap(rendered):
         assert line in timer.splitlines()
 
 
-def test_the_script_on_the_node_is_the_collections_module_utils(rendered):
+def test_the_script_on_the_node_is_the_roles_file_beside_the_collections_module_utils(rendered):
     root, _ = rendered
-    for name in ("kimi_watchdog.py", "kimi_systemd.py"):
+    assert sorted(path.name for path in (root / "node2" / LIB_DIR).iterdir()) == [
+        "kimi_rendezvous.py",
+        "kimi_systemd.py",
+        "kimi_watchdog.py",
+    ]
+    shipped = (root / "node2" / LIB_DIR / "kimi_watchdog.py").read_text()
+    assert shipped == (REPO_ROOT / "roles" / "vllm_serve" / "files" / "kimi_watchdog.py").read_text()
+    for name in ("kimi_systemd.py", "kimi_rendezvous.py"):
         shipped = (root / "node2" / LIB_DIR / name).read_text()
         assert shipped == (REPO_ROOT / "plugins" / "module_utils" / name).read_text()
 

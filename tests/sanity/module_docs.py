@@ -42,17 +42,13 @@ class ConstructorReached(Exception):  # noqa: N818 - a signal, not an error
 
 def argument_spec_of(path: Path) -> dict[str, Any]:
     """The keyword arguments the module gives AnsibleModule (argument_spec, supports_check_mode, ...)."""
-    import ansible.module_utils
     from ansible.module_utils import basic
 
-    utils = str(REPO_ROOT / "plugins" / "module_utils")
-    if utils not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(utils)
-    # Modules that import their helpers as ansible_collections.kimi.k2.plugins.module_utils.* find this checkout
-    # through collections/ (links to plugins/), as ansible.cfg's collections_path does.
+    # Modules import their helpers as ansible_collections.kimi.k2.plugins.module_utils.*: this checkout's, through
+    # collections/ (links to plugins/) ahead of any installed copy, as ansible.cfg's collections_path does.
     collections = str(REPO_ROOT / "collections")
     if collections not in sys.path:
-        sys.path.append(collections)
+        sys.path.insert(0, collections)
 
     def record(self: object, *args: Any, **kwargs: Any) -> None:
         if args:

@@ -1,7 +1,9 @@
 """Run one of this repository's modules with the venv's ``ansible`` against localhost and return its result.
 
-Unit tests use it to exercise plugins/modules/*.py the way Ansible packs and runs them (module_utils imported as
-``ansible.module_utils.*``), with every temporary path under the test's tmp_path.
+Unit tests use it to exercise plugins/modules/*.py the way Ansible packs and runs them: called by FQCN
+(kimi.k2.<name>, found through ansible.cfg's collections_path, whose kimi.k2 is this checkout), their module_utils
+imported as ``ansible_collections.kimi.k2.plugins.module_utils.*``, with every temporary path under the test's
+tmp_path.
 """
 
 from __future__ import annotations
@@ -32,12 +34,11 @@ def run_module(
     tmp_path: Path, module: str, args: dict[str, Any], *, check: bool = False, interpreter: str | None = None
 ) -> tuple[bool, dict]:
     """(succeeded, result) of ``ansible localhost -m MODULE -a ARGS`` with a connection to the local machine, run
-    by `interpreter` (default: this venv's python; a node's bare /usr/bin/python3 for a module that runs there)."""
+    by `interpreter` (default: this venv's python; a node's bare /usr/bin/python3 for a module that runs there).
+    A short name is one of this collection's modules (kimi_plan: kimi.k2.kimi_plan)."""
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"),
-        "ANSIBLE_LIBRARY": str(REPO_ROOT / "plugins" / "modules"),
-        "ANSIBLE_MODULE_UTILS": str(REPO_ROOT / "plugins" / "module_utils"),
         "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
         "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local"),
         "ANSIBLE_REMOTE_TEMP": str(tmp_path / "ansible-remote"),
@@ -54,7 +55,7 @@ def run_module(
         "-c",
         "local",
         "-m",
-        module,
+        module if "." in module else f"kimi.k2.{module}",
         "-a",
         json.dumps(args),
         "-e",

@@ -7,9 +7,10 @@ import json
 import subprocess
 import sys
 
-from module_utils import kimi_advisories as ka
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_advisories as ka
+
 from tests import paths
-from tests.unit.plugins.module_utils.test_kimi_advisories_refresh import curated, data_file, fake_osv, url
+from tests.unit.contrib.test_kimi_advisories_refresh import curated, data_file, fake_osv, url
 
 KIMI_ADVISORIES = paths.REPO_ROOT / "bin" / "kimi-advisories"
 __all__ = ["data_file", "fake_osv"]  # the fixtures, shared with the logic's tests

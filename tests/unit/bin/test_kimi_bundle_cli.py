@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_build as kbb
+from kimi_tools import kimi_bundle_cli as cli
+from kimi_tools.kimi_bundle_apt import AptSource
+from kimi_tools.kimi_bundle_cli import FlagError, InventoryError
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_build as kbb
-from module_utils import kimi_bundle_cli as cli
-from module_utils.kimi_bundle_apt import AptSource
-from module_utils.kimi_bundle_cli import FlagError, InventoryError
 from tests import paths
 
 REPO_ROOT = paths.REPO_ROOT

@@ -18,8 +18,9 @@ import venv
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_gpu, kimi_preflight, kimi_stack
+from kimi_tools import kimi_gpu_facts
 
-from module_utils import kimi_gpu, kimi_gpu_facts, kimi_preflight, kimi_stack
 from tests import paths
 
 SCRIPT = paths.REPO_ROOT / "bin" / "kimi-gpu-facts"

@@ -13,8 +13,8 @@ import re
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_metrics import dashboard_expressions, strip_jinja
 
-from module_utils.kimi_metrics import dashboard_expressions, strip_jinja
 from tests.paths import REPO_ROOT
 
 ROLE = REPO_ROOT / "roles" / "monitoring"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_signature as ks
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 
-from module_utils import kimi_bundle_signature as ks
-from module_utils import kimi_bundle_tree as kbt
 from tests import paths
 
 ROLE = paths.REPO_ROOT / "roles" / "offline_mirror"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import API_UNIT, HEADLESS_UNIT
 
-from module_utils.kimi_serve import API_UNIT, HEADLESS_UNIT
 from tests import paths
 
 ROLES = paths.REPO_ROOT / "roles"

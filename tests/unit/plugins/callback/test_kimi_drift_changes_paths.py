@@ -7,7 +7,8 @@ import importlib.util
 import sys
 from types import SimpleNamespace
 
-from module_utils.kimi_drift import classify
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import classify
+
 from tests.ansible_run import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location(

@@ -8,9 +8,9 @@ import re
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_advisories as ka
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_inputs as ki
 
-from module_utils import kimi_advisories as ka
-from module_utils import kimi_inputs as ki
 from tests import paths
 
 SHIPPED = paths.REPO_ROOT / "roles" / "kimi" / "files" / "advisories.json"

@@ -14,7 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.kimi_apt_sources import parse_deb822, parse_one_line, read_apt_sources, source_files
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_apt_sources import (
+    parse_deb822,
+    parse_one_line,
+    read_apt_sources,
+    source_files,
+)
 
 from tests.paths import FIXTURES, REPO_ROOT
 

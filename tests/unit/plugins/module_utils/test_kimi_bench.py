@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from module_utils.kimi_bench import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bench import (
     BenchConfig,
     Gates,
     bench_argv,
@@ -26,6 +25,7 @@ from module_utils.kimi_bench import (
     server_root,
     summarize,
 )
+
 from tests import paths
 
 FIXTURES = paths.REPO_ROOT / "tests" / "fixtures" / "vllm" / "bench"

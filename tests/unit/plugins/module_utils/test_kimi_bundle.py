@@ -15,10 +15,9 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_tree as kbt
-from module_utils.kimi_bundle import Artifact, BuildInputs, Checkpoint
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import Artifact, BuildInputs, Checkpoint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 CREATED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_bundle_apt as kba
-from module_utils import kimi_bundle_signature as ks
-from module_utils.kimi_bundle_signature import SignatureError
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_signature as ks
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import SignatureError
+from kimi_tools import kimi_bundle_apt as kba
 
 A = "2EF5B607163A85FEC8C8F7BD01E2C050E1683E6D"
 B = "69F52664110472A6B5B17950239F8A6D456B22DB"

@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_verify as kv
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import SignatureError
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_tree as kbt
-from module_utils import kimi_bundle_verify as kv
-from module_utils.kimi_bundle_signature import SignatureError
 from tests import paths
 
 A = "2EF5B607163A85FEC8C8F7BD01E2C050E1683E6D"

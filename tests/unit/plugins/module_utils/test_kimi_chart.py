@@ -7,8 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 
 import pytest
-
-from module_utils.kimi_chart import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_chart import (
     CHART_HEIGHT,
     CHART_WIDTH,
     E2E_COLOR,

@@ -7,8 +7,7 @@ import json
 import os
 
 import pytest
-
-from module_utils import kimi_checkpoint as ck
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
 
 SHA = "60877af7bde655c71406a1843bcc395afa52fb57"
 

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_checkpoint_node as node
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint_node as node
 
 JOB_SCRIPT = """\
 #!/bin/bash

@@ -3,7 +3,7 @@ roles/nvidia_repo/tasks/pinned_packages.yml)."""
 
 from __future__ import annotations
 
-from module_utils.kimi_debs import DebState, parse_dpkg_query, pin_work
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_debs import DebState, parse_dpkg_query, pin_work
 
 PINNED = {"libnccl2": "2.30.7-1+cuda13.3", "libnccl-dev": "2.30.7-1+cuda13.3"}
 

@@ -13,9 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_checkpoint as ck
-from module_utils.kimi_drift import (
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
     KINDS,
     build_report,
     change_finding,
@@ -33,8 +32,9 @@ from module_utils.kimi_drift import (
     report_json,
     service_state,
 )
-from module_utils.kimi_parity import Pins, compare
-from module_utils.kimi_replicas import replica_by_host
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import Pins, compare
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
+
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from module_utils.kimi_files import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_files import (
     DIFF_MAX_BYTES,
     content_diff,
     content_differs,

@@ -6,9 +6,9 @@ import shlex
 import stat
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_gpu as kg
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_presets as presets
 
-from module_utils import kimi_gpu as kg
-from module_utils import kimi_presets as presets
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
 

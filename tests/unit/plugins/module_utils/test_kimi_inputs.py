@@ -6,8 +6,8 @@ import re
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_inputs as ki
 
-from module_utils import kimi_inputs as ki
 from tests import paths
 
 GOOD = {

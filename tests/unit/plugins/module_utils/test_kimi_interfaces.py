@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible.module_utils import kimi_node, kimi_stack
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_node, kimi_stack
 
 from tests import paths
 

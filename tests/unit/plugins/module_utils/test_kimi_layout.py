@@ -7,13 +7,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-from module_utils import kimi_layout as kl
-from module_utils.kimi_layout import Layout, LayoutError, layout_from_values, layout_problems
-from module_utils.kimi_plan_options import plan_from_options
-from module_utils.kimi_presets import find_model
-from module_utils.kimi_serve import ServeInputError, ServeSpec, validate
-from module_utils.kimi_topology import TopologyError, resolve_topology
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_layout as kl
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_layout import (
+    Layout,
+    LayoutError,
+    layout_from_values,
+    layout_problems,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import plan_from_options
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import find_model
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import ServeInputError, ServeSpec, validate
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import TopologyError, resolve_topology
 
 K2 = find_model("Kimi-K2.7-Code")  # 64 heads, 61 layers, 384 routed experts, INT4 groups of 32
 LAB = find_model("lab-mini")  # 4 layers

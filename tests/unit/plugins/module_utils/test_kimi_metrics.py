@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from module_utils.kimi_metrics import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_metrics import (
     Expression,
     MetricUse,
     dashboard_expressions,
@@ -20,6 +19,7 @@ from module_utils.kimi_metrics import (
     rule_expressions,
     strip_jinja,
 )
+
 from tests.paths import FIXTURES, REPO_ROOT
 
 RULES = REPO_ROOT / "roles" / "monitoring" / "templates" / "kimi-alerts.rules.yml.j2"

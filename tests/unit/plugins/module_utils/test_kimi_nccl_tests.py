@@ -11,8 +11,8 @@ import re
 from dataclasses import replace
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_nccl_tests as nt
 
-from module_utils import kimi_nccl_tests as nt
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
 

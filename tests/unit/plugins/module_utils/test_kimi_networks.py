@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from module_utils.kimi_networks import address_in_networks, network_list, network_problem
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_networks import (
+    address_in_networks,
+    network_list,
+    network_problem,
+)
 
 
 @pytest.mark.parametrize("text", ["10.0.0.0/8", "192.0.2.7", " 192.0.2.7/32 ", "2001:db8::/48", "fd00::1"])

@@ -10,8 +10,7 @@ import copy
 import json
 
 import pytest
-
-from module_utils.kimi_nftables import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nftables import (
     compare,
     element_text,
     file_sha256,
@@ -27,6 +26,7 @@ from module_utils.kimi_nftables import (
     table_absent,
     table_text,
 )
+
 from tests.paths import FIXTURES
 
 NFT = FIXTURES / "firewall" / "nft"

@@ -12,8 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import (
+    Pins,
+    compare,
+    render_table,
+    report_json,
+    summary_message,
+)
 
-from module_utils.kimi_parity import Pins, compare, render_table, report_json, summary_message
 from tests import paths
 
 REPO = paths.REPO_ROOT
@@ -259,7 +265,7 @@ def run_module(args: dict, *extra: str) -> subprocess.CompletedProcess:
         "-e",
         f"ansible_python_interpreter={sys.executable}",
         "-m",
-        "kimi_parity",
+        "kimi.k2.kimi_parity",
         "-a",
         json.dumps(args),
         *extra,

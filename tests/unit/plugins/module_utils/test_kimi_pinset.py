@@ -11,9 +11,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_pinset
-from module_utils.kimi_pinset import (
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_pinset
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
     Cause,
     PipFailure,
     ResolveSettings,
@@ -29,6 +28,7 @@ from module_utils.kimi_pinset import (
     resolve_pinset,
     suggest_adjustment,
 )
+
 from tests import paths
 from tests.pip_commands import requirements_of
 
@@ -362,7 +362,8 @@ def test_real_pip_override_installed_after_the_resolve(wheelhouse):
 def run_module(args: dict, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
     command = [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local"]
-    command += ["-e", f"ansible_python_interpreter={sys.executable}", "-m", "kimi_pinset", "-a", json.dumps(args)]
+    command += ["-e", f"ansible_python_interpreter={sys.executable}"]
+    command += ["-m", "kimi.k2.kimi_pinset", "-a", json.dumps(args)]
     return subprocess.run([*command, *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -7,10 +7,10 @@ import math
 from dataclasses import replace
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan as kp
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_presets as presets
 
-from module_utils import kimi_plan as kp
-from module_utils import kimi_plan_options as plan_options
-from module_utils import kimi_presets as presets
 from tests import paths
 
 GIB = 1024**3

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
 
-from module_utils import kimi_plan_options as plan_options
 from tests import paths
 
 GIB = 1024**3

@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from module_utils import kimi_overhead as ko
-from module_utils import kimi_plan_options as plan_options
-from module_utils import kimi_presets as presets
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_overhead as ko
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_presets as presets
 
 GIB = 1024**3
 H200_TP8 = {"model": "Kimi-K2.7-Code", "gpu": "h200", "tp": 8, "max_model_len": 131072}

@@ -4,8 +4,8 @@ import copy
 import socket
 
 import pytest
-from ansible.module_utils.kimi_apt_sources import read_apt_sources
-from ansible.module_utils.kimi_node import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_apt_sources import read_apt_sources
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_node import (
     directory_bytes,
     filesystem_usage,
     interfaces,
@@ -13,7 +13,14 @@ from ansible.module_utils.kimi_node import (
     port_status,
     unit_from_cgroup,
 )
-from ansible.module_utils.kimi_preflight import CHECKS, GIB, HostExpectation, Requirements, evaluate, on_mirror
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import (
+    CHECKS,
+    GIB,
+    HostExpectation,
+    Requirements,
+    evaluate,
+    on_mirror,
+)
 
 from tests.paths import FIXTURES
 

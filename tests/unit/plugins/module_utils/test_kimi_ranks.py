@@ -3,7 +3,8 @@ built in the format vLLM's workers print (no GPU machine was lent to record them
 
 from __future__ import annotations
 
-from module_utils.kimi_ranks import judge_rank_join, parse_rank_journal
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_ranks import judge_rank_join, parse_rank_journal
+
 from tests import paths
 
 FIXTURES = paths.FIXTURES / "ranks"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from module_utils import kimi_replicas
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_replicas
 
 TWO = {
     "all": ["n1", "n2", "n3", "n4", "r1"],

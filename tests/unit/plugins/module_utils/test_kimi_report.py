@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from module_utils.kimi_report import report_json, write_atomic, write_report_file, write_report_files
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import (
+    report_json,
+    write_atomic,
+    write_report_file,
+    write_report_files,
+)
 
 
 def test_json_is_sorted_and_ends_with_a_newline_compact_or_not():

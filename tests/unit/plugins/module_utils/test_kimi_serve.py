@@ -7,8 +7,7 @@ import shlex
 from dataclasses import replace
 
 import pytest
-
-from module_utils.kimi_serve import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
     API_UNIT,
     HEADLESS_UNIT,
     ServeInputError,
@@ -23,6 +22,7 @@ from module_utils.kimi_serve import (
     systemd_quote,
     validate,
 )
+
 from tests import paths
 
 TWO_NODES = ("n1", "n2")
@@ -220,7 +220,7 @@ def _node(host, unit, serves_api, started_at, active_state="active", changed=Fal
 
 
 def test_a_healthy_group_started_in_order_is_left_running():
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     nodes = [
         _node("node1", "kimi-vllm.service", True, "@1000"),
@@ -231,7 +231,7 @@ def test_a_healthy_group_started_in_order_is_left_running():
 
 
 def test_a_headless_rank_restarted_alone_restarts_the_group_naming_it():
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     nodes = [
         _node("node1", "kimi-vllm.service", True, "@1000"),
@@ -242,7 +242,7 @@ def test_a_headless_rank_restarted_alone_restarts_the_group_naming_it():
 
 
 def test_a_headless_rank_started_after_rank_0_is_left_running_when_rank_0_generates_in_layout_mp():
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     # The node watchdogs heal a group by restarting rank 0, then the headless rank: it starts later, and serves.
     rank_0 = _node("node1", "kimi-vllm.service", True, "@1000")
@@ -258,7 +258,7 @@ def test_a_headless_rank_started_after_rank_0_is_left_running_when_rank_0_genera
 
 
 def test_changed_files_a_down_rank_and_a_failed_probe_are_each_named():
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     nodes = [
         _node("node1", "kimi-vllm.service", True, "@1000", changed=True),
@@ -273,7 +273,7 @@ def test_changed_files_a_down_rank_and_a_failed_probe_are_each_named():
 
 
 def test_a_never_started_rank_0_does_not_compare_start_times():
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     nodes = [
         _node("node1", "kimi-vllm.service", True, "", active_state="inactive"),
@@ -292,7 +292,7 @@ ESTAB      0 0      198.18.0.12:41000          198.18.0.11:43117
 
 
 def test_rendezvous_states_read_ipv4_mapped_peers_and_ignore_other_sockets():
-    from module_utils.kimi_serve import rendezvous_states
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import rendezvous_states
 
     assert rendezvous_states(SS_RANK_0_GONE, "198.18.0.11:29501") == ["CLOSE-WAIT"]
     assert rendezvous_states(SS_JOINED, "198.18.0.11:29501") == ["ESTAB"]
@@ -305,7 +305,7 @@ def _headless_with(ss_states: list[str]) -> dict:
 
 
 def test_a_headless_rank_whose_rank_0_went_away_restarts_the_group_naming_it():
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     nodes = [_node("node1", "kimi-vllm.service", True, "@1000"), _headless_with(["CLOSE-WAIT"])]
     (reason,) = group_restart_reasons(nodes, probe_ok=None)
@@ -317,14 +317,14 @@ def test_a_headless_rank_whose_rank_0_went_away_restarts_the_group_naming_it():
 
 @pytest.mark.parametrize("states", [["ESTAB"], ["CLOSE-WAIT", "ESTAB"], [], ["SYN-SENT"]])
 def test_a_joined_or_still_joining_headless_rank_is_left_running(states):
-    from module_utils.kimi_serve import group_restart_reasons
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import group_restart_reasons
 
     nodes = [_node("node1", "kimi-vllm.service", True, "@1000"), _headless_with(states)]
     assert group_restart_reasons(nodes, probe_ok=None) == []
 
 
 def test_ray_2_60_status_from_the_lab_counts_both_nodes_and_gpus():
-    from module_utils.kimi_serve import parse_ray_status, ray_status_problems
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import parse_ray_status, ray_status_problems
 
     text = (paths.FIXTURES / "serve/ray/status-2.60.0-lab.txt").read_text()
     status = parse_ray_status(text)

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_stack
-from module_utils.kimi_stack import (
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_stack
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import (
     check_env_interfaces,
     check_interface_spec,
     cuda_installs,
@@ -34,6 +33,7 @@ from module_utils.kimi_stack import (
     read_nccl_version_code,
     upstream_version,
 )
+
 from tests import paths
 
 FIXTURES = paths.FIXTURES / "stack"

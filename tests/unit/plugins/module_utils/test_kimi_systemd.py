@@ -3,7 +3,13 @@ serve and verify roles), and `--timestamp=unix` start times (the serve role's gr
 
 from __future__ import annotations
 
-from module_utils.kimi_systemd import parse_blocks, parse_systemctl_show, parse_unit, unix_timestamp
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_systemd import (
+    parse_blocks,
+    parse_systemctl_show,
+    parse_unit,
+    unix_timestamp,
+)
+
 from tests.paths import REPO_ROOT
 
 SYSTEMCTL = REPO_ROOT / "tests" / "fixtures" / "drift" / "systemctl"

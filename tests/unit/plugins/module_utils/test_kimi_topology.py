@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import pytest
-
-from module_utils.kimi_topology import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_topology import (
     Layout,
     TopologyError,
     build_layout,

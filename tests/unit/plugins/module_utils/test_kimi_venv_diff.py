@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import normalize_dist_name
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_venv_diff import (
+    MATCH_NOTHING,
+    missing_lines,
+    pip_check_patterns,
+    venv_differences,
+)
 from packaging.utils import canonicalize_name
-
-from module_utils.kimi_stack import normalize_dist_name
-from module_utils.kimi_venv_diff import MATCH_NOTHING, missing_lines, pip_check_patterns, venv_differences
 
 PINSET = {
     "resolved": {

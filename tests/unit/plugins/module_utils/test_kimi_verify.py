@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from module_utils.kimi_verify import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify import (
     TOOL_NAMES,
     ApiCheckOptions,
     HttpReply,
@@ -24,6 +23,7 @@ from module_utils.kimi_verify import (
     run_api_checks,
     skipped,
 )
+
 from tests.unit.ansible_adhoc import run_module
 from tests.unit.fake_openai import FakeOpenAI, closed_port_url
 

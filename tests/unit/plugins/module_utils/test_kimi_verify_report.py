@@ -9,9 +9,8 @@ from dataclasses import fields
 from datetime import UTC, datetime
 
 import pytest
-
-from module_utils.kimi_bench import Gates, check_gates
-from module_utils.kimi_verify_report import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bench import Gates, check_gates
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_verify_report import (
     build_report,
     default_basename,
     rank_join_check,
@@ -21,6 +20,7 @@ from module_utils.kimi_verify_report import (
     verdict,
     write_report,
 )
+
 from tests.unit.ansible_adhoc import run_module
 
 SVG = "{http://www.w3.org/2000/svg}"

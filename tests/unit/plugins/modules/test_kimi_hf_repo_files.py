@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
 
-from module_utils import kimi_checkpoint as ck
 from tests.unit.ansible_adhoc import run_module
 
 SHA = "60877af7bde655c71406a1843bcc395afa52fb57"

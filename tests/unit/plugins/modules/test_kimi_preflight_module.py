@@ -73,3 +73,32 @@ def test_with_an_offline_mirror_the_apt_sources_kimi_node_info_read_fail_the_nod
     ok, result = run_module(tmp_path, "kimi_preflight", args(report, node, **mirror))
     assert ok, result.get("msg")
     assert result["table"]["gn1"]["apt_sources"]["status"] == "ok"
+
+
+def test_the_requirements_options_are_the_requirements_fields_with_their_defaults():
+    """The typed suboptions fill a key left out with Requirements' own default, so the verdict is the one the
+    dataclass gave before the options were typed."""
+    from dataclasses import MISSING, fields
+
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_preflight import Requirements
+    from ansible_collections.kimi.k2.plugins.modules.kimi_preflight import REQUIREMENTS_OPTIONS
+
+    assert [f.name for f in fields(Requirements)] == list(REQUIREMENTS_OPTIONS)
+    for f in fields(Requirements):
+        option = REQUIREMENTS_OPTIONS[f.name]
+        if f.default is MISSING and f.default_factory is MISSING:
+            assert option.get("required") is True, f.name
+        else:
+            default = f.default if f.default is not MISSING else f.default_factory()
+            assert option["default"] == default, f.name
+
+
+def test_a_requirement_given_as_a_string_is_converted_and_a_missing_one_takes_its_default(tmp_path):
+    report = tmp_path / "preflight.json"
+    arguments = args(report)
+    arguments["requirements"]["gpus_per_node"] = str(arguments["requirements"]["gpus_per_node"])
+    del arguments["requirements"]["shm_min_bytes"]
+    ok, result = run_module(tmp_path, "kimi_preflight", arguments)
+    # Typed, the option converts a string (what -e or a template may give) before Requirements sees it.
+    assert ok, result
+    assert result["passed"] is True

@@ -69,9 +69,8 @@ from email.message import Message
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .kimi_bundle_apt import link_or_copy
-from .kimi_bundle_tree import BundleError, safe_path
-from .kimi_checkpoint import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError, safe_path
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import (
     HASH_BLOCK,
     RepoFile,
     explain_hub_error,
@@ -81,8 +80,18 @@ from .kimi_checkpoint import (
     next_page,
     select_files,
 )
-from .kimi_inputs import REPO_ID
-from .kimi_report import write_atomic
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import (
+    NGINX_MAP_BUCKET as NGINX_MAP_BUCKET,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import (
+    NGINX_MAP_KEY_LIMIT as NGINX_MAP_KEY_LIMIT,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import file_headers, resolve_path
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import nginx_header_rows as nginx_header_rows
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import REPO_ID
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
+
+from .kimi_bundle_apt import link_or_copy
 
 # The layout's directory in a bundle; the offline mirror serves it as HF_ENDPOINT <mirror>/hf.
 HF_DIR = "hf"
@@ -123,10 +132,6 @@ def revision_path(repo_id: str, revision: str) -> str:
 
 def tree_path(repo_id: str, revision: str) -> str:
     return f"api/models/{repo_id}/tree/{revision}"
-
-
-def resolve_path(repo_id: str, revision: str, path: str) -> str:
-    return f"{repo_id}/resolve/{revision}/{path}"
 
 
 def resolve_url(endpoint: str, repo_id: str, revision: str, path: str) -> str:
@@ -361,51 +366,6 @@ def match_rule(path: str, rules: Sequence[ServerRule]) -> tuple[ServerRule, dict
 def rule_headers(templates: Iterable[tuple[str, str]], groups: Mapping[str, str]) -> list[tuple[str, str]]:
     """Header values with `{group}` replaced by the request's groups."""
     return [(name, value.format_map(dict(groups))) for name, value in templates]
-
-
-def file_headers(
-    repo_id: str, revision: str, files: Iterable[RepoFile], url_prefix: str = ""
-) -> dict[str, dict[str, str]]:
-    """Per-file headers of resolve answers, by request path: X-Linked-Etag, the file's checksum as the Hub
-    gives it (LFS sha256, else git blob id), and X-Linked-Size.
-
-    hf takes X-Linked-Etag before ETag (file_download.py: get_hf_file_metadata). A sha256 there lets hf keep a
-    file already in a node's --local-dir without its metadata after hashing it, as with the Hub
-    (_hf_hub_download_to_local_dir), instead of deleting and fetching it again; with nginx's own ETag (mtime and
-    size) it refetches. X-Linked-Size is hf's expected size, so a truncated copy on the mirror fails hf's
-    consistency check instead of being accepted. nginx: a `map $uri` per header.
-    """
-    prefix = url_prefix.rstrip("/")
-    headers = {}
-    for repo_file in files:
-        etag = repo_file.sha256 or repo_file.git_oid
-        if etag is None:
-            continue
-        path = f"{prefix}/{resolve_path(repo_id, revision, repo_file.path)}"
-        headers[path] = {"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(repo_file.size)}
-    return headers
-
-
-# What an nginx configuration cannot put in a double-quoted map key as it is.
-_UNQUOTABLE = re.compile(r'["\\\x00-\x1f\x7f]')
-# The offline_mirror role's map_hash_bucket_size; a longer key (with nginx's own bytes per entry) would not fit.
-NGINX_MAP_BUCKET = 512
-NGINX_MAP_KEY_LIMIT = NGINX_MAP_BUCKET - 32
-
-
-def nginx_header_rows(
-    tree: Sequence[Mapping[str, Any]], repo_id: str, revision: str, url_prefix: str = ""
-) -> list[dict[str, str]]:
-    """file_headers of every file the bundled tree listing names, as rows {uri, etag, size} for the offline_mirror
-    role's `map $uri` blocks, sorted by uri. A path no map key can quote (a double quote, a backslash, a control
-    character) or longer than NGINX_MAP_KEY_LIMIT bytes is left out: hf then gets nginx's own ETag for it, which
-    makes it fetch the file again rather than keep a copy, never take wrong bytes."""
-    headers = file_headers(repo_id, revision, files_from_tree(list(tree)), url_prefix)
-    return [
-        {"uri": uri, "etag": values["X-Linked-Etag"], "size": values["X-Linked-Size"]}
-        for uri, values in sorted(headers.items())
-        if not _UNQUOTABLE.search(uri) and len(uri.encode()) <= NGINX_MAP_KEY_LIMIT
-    ]
 
 
 def rules_document(repo_id: str, revision: str, files: Iterable[RepoFile], url_prefix: str = "") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""plugins/module_utils/kimi_router.py (kimi-haproxy-ctl on the router hosts): haproxy 2.6's `show stat` and `show
+"""roles/router/files/kimi-haproxy-ctl (installed on the router hosts): haproxy 2.6's `show stat` and `show
 servers state` answers (recorded from Debian 12's haproxy 2.6.12 with one server in maintenance and one drained
 and failing its check) parsed into the view drain.yml and ready.yml read, the administrative-state decisions, and
 main() end to end against a fake admin socket: show, state (dry run, change, no change, refused), save-state."""
@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from module_utils import kimi_router
-from module_utils.kimi_router import (
+from tests.node_programs import haproxy_ctl
+
+# roles/router/files/kimi-haproxy-ctl, imported as `kimi_haproxy_ctl` (the file has no .py name).
+kimi_router = haproxy_ctl()
+from kimi_haproxy_ctl import (  # noqa: E402
     ADMIN_CMAINT,
     ADMIN_FDRAIN,
     ADMIN_FMAINT,

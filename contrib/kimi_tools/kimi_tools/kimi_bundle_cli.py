@@ -29,15 +29,23 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
+    BuildInputs,
+    BundleError,
+    BundleInputError,
+    canonical_json,
+    inputs_from_variables,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import normalise_fingerprint
+
+from . import CHECKOUT
 from . import kimi_bundle_build as kbb
-from .kimi_bundle import BuildInputs, BundleError, BundleInputError, canonical_json, inputs_from_variables
 from .kimi_bundle_apt import AptSource
 from .kimi_bundle_apt import source_problems as apt_source_problems
-from .kimi_bundle_signature import normalise_fingerprint
 from .kimi_bundle_wheels import PipSources
 from .kimi_bundle_wheels import source_problems as pip_source_problems
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = CHECKOUT
 PLAYBOOK = Path("playbooks") / "bundle_inputs.yml"
 INPUTS_FILE_VARIABLE = "kimi_bundle_inputs_file"
 DEFAULT_GNUPG_HOME = "~/.kimi-bundle/gnupg"

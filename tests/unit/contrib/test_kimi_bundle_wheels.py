@@ -13,10 +13,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_wheels as kbw
-from module_utils.kimi_bundle_wheels import PipSet, PipSources, ResolvedWheel, WheelBundleError
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_wheels as kbw
+from kimi_tools.kimi_bundle_wheels import (
+    PipSet,
+    PipSources,
+    ResolvedWheel,
+    WheelBundleError,
+)
 
 LAB = "/var/cache/kimi-lab/wheels/4d80adc551115ea8"
 VARIABLES = {

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .kimi_checkpoint import file_sha256 as sha256_file
-from .kimi_gpu import APPS_QUERY_ARGS, GPU_QUERY_ARGS, gpu_facts
-from .kimi_stack import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import file_sha256 as sha256_file
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_gpu import APPS_QUERY_ARGS, GPU_QUERY_ARGS, gpu_facts
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_stack import (
     _NCCL_PROBE_SCRIPT,
     NCCL_WHEEL_LIBRARY,
     PROC_DRIVER_VERSION,
@@ -51,10 +51,11 @@ from .kimi_stack import (
     parse_proc_driver_version,
 )
 
+from . import CHECKOUT
+
 MANIFEST_SCHEMA = 1
 MANIFEST = "manifest.json"
 DEFAULT_OUT = "gpu-facts"  # under the checkout, ignored by git until --promote copies it into tests/fixtures/
-CHECKOUT = Path(__file__).resolve().parents[2]
 DEFAULT_TIMEOUT_S = 480  # the whole run: 8 minutes, inside the 10-minute limit of one command on a lent machine
 MIB = 1024**2
 # The query kimi_stack.gather_driver runs for parity's driver facts (the header-less CSV, units kept).
@@ -631,7 +632,7 @@ def _relative(path: str, base: str) -> str:
 def _preset_check(facts: dict[str, Any]) -> dict[str, Any]:
     """Each recorded GPU name's planner preset and its memory against the smallest recorded memory.total."""
     # Imported here: the presets are the planner's, and a recording must not fail for want of them.
-    from .kimi_presets import gpu_preset_for_driver_name
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import gpu_preset_for_driver_name
 
     found = {}
     for name in facts["gpu_names"]:

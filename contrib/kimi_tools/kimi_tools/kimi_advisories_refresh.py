@@ -34,13 +34,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_advisories import (
+    FORMAT,
+    AdvisoryDataError,
+    match_name,
+    parse_data,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .kimi_advisories import FORMAT, AdvisoryDataError, match_name, parse_data
-from .kimi_report import write_atomic
+from . import CHECKOUT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = CHECKOUT
 DEFAULT_DATA = REPO_ROOT / "roles" / "kimi" / "files" / "advisories.json"
 DEFAULT_OSV_URL = "https://api.osv.dev"
 # Asked about even when the data has no entry for them yet: the pins every shipped inventory sets.

@@ -10,10 +10,14 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_apt as kba
-from module_utils.kimi_bundle_apt import AptBundleError, AptDownload, AptRequest, AptSource
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_apt as kba
+from kimi_tools.kimi_bundle_apt import (
+    AptBundleError,
+    AptDownload,
+    AptRequest,
+    AptSource,
+)
 
 PIN = "2.30.7-1+cuda13.3"
 LAB = "/var/cache/kimi-lab/apt/01234567"

@@ -7,11 +7,12 @@ rebooted alone waits forever at the rendezvous. Each node's watchdog restarts it
 (no SSH between nodes), when what it sees says the group it belongs to is gone. docs/self-healing.md has the
 rules as a table; `decide` is where they live.
 
-Layout: the decision (dataclasses in, a Decision out, no I/O), the parsers (`ss -Htan`, vLLM's /metrics), the
+Layout: the decision (dataclasses in, a Decision out, no I/O), the parsers (vLLM's /metrics, the env file), the
 state file and the textfile metrics, the observers (systemctl, ss, HTTP) and `main`. Standard library only and
-Python >= 3.10: the vllm_serve role copies this file and kimi_systemd.py to each node and runs it with the
-node's own /usr/bin/python3. kimi_serve imports the rendezvous parsing from here, so the serve phase's group
-decision and the watchdog read `ss` one way.
+Python >= 3.10: a program of the node, not a module helper. The vllm_serve role (tasks/watchdog.yml) copies this
+file and the two collection module_utils it imports, kimi_systemd.py (`systemctl show`) and kimi_rendezvous.py
+(`ss -Htan`, the reading the serve phase's group decision shares), into one directory on each node and runs it
+with the node's own /usr/bin/python3, which finds them beside it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-try:  # inside the collection: Ansible's module packer and the tests
-    from .kimi_systemd import parse_unit, unix_timestamp
-except ImportError:  # on a node: run as a script next to its copy of kimi_systemd.py
-    from kimi_systemd import parse_unit, unix_timestamp  # type: ignore[no-redef]
+# Run as a script: these are the copies of the collection's module_utils the role writes beside this file.
+from kimi_rendezvous import rendezvous_closed, rendezvous_states
+from kimi_systemd import parse_unit, unix_timestamp
 
 RANK0 = "rank0"
 HEADLESS = "headless"
@@ -473,36 +473,6 @@ def _clock(seconds: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------ parsers
-
-
-def _peer(address: str) -> tuple[str, str]:
-    """'[::ffff:198.18.0.11]:29501' or '198.18.0.11:29501' -> ('198.18.0.11', '29501')."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if host.startswith("::ffff:"):
-        host = host[len("::ffff:") :]
-    return host, port
-
-
-def rendezvous_states(ss_text: str, rendezvous: str) -> list[str]:
-    """The TCP states of this node's sockets whose peer is `rendezvous` ("ADDRESS:PORT"), from `ss -Htan`.
-
-    A headless rank keeps a connection to rank 0's master port for as long as its group lives. When rank 0's
-    process goes away, that socket stays in CLOSE-WAIT: the rank holds on to a group that no longer exists.
-    """
-    wanted = _peer(rendezvous)
-    states = []
-    for line in ss_text.splitlines():
-        words = line.split()
-        if len(words) >= 5 and _peer(words[4]) == wanted:
-            states.append(words[0])
-    return states
-
-
-def rendezvous_closed(states: Sequence[str]) -> bool:
-    """Rank 0 closed this rank's connection to its rendezvous and the rank has no live one: rank 0 was restarted
-    (or stopped) and the rank still holds on to the group rank 0 left."""
-    return "CLOSE-WAIT" in states and "ESTAB" not in states
 
 
 def processed_tokens(metrics_text: str) -> float | None:

@@ -7,10 +7,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .kimi_overhead import ALL2ALL_BACKENDS, PINNED_VLLM_VERSION
-from .kimi_plan_options import plan_from_options
-from .kimi_plan_render import render_text
-from .kimi_presets import GPU_PRESETS, MODEL_PRESETS, PlanInputError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_overhead import ALL2ALL_BACKENDS, PINNED_VLLM_VERSION
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import plan_from_options
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_render import render_text
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import GPU_PRESETS, MODEL_PRESETS, PlanInputError
 
 # ---------------------------------------------------------------------------------------------------------
 # CLI (bin/kimi-plan)

@@ -67,10 +67,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
-
-from .kimi_bundle import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
     HF_DISTRIBUTION,
     HF_VERSION,
     PIP_OVERRIDES,
@@ -85,8 +82,7 @@ from .kimi_bundle import (
     plan_fetches,
     wheelhouse_problems,
 )
-from .kimi_bundle_apt import link_or_copy, output_tail, tool_environment
-from .kimi_pinset import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
     ResolveSettings,
     conflict_chain,
     expand_platforms,
@@ -95,7 +91,11 @@ from .kimi_pinset import (
     pip_environment,
     pip_preflight,
 )
-from .kimi_report import write_atomic
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from .kimi_bundle_apt import link_or_copy, output_tail, tool_environment
 
 # The bundle's wheelhouse: a flat directory, what the roles' --find-links names.
 WHEELS_DIR = "wheels"

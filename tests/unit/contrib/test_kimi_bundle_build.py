@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from kimi_tools import kimi_bundle_build as kbb
+from kimi_tools.kimi_bundle_build import BuildLayout, BuildSummary, StepReport
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_build as kbb
-from module_utils.kimi_bundle_build import BuildLayout, BuildSummary, StepReport
+from tests.paths import REPO_ROOT
 
 VARIABLES = {
     "kimi_bundle_inventory_name": "site-a",
@@ -431,7 +432,7 @@ def test_the_manifest_takes_a_steps_own_checksum_only_for_a_file_of_that_size(tm
 
 
 def test_the_checkpoint_steps_figures_count_files_not_the_api_answers():
-    from module_utils import kimi_bundle_hf as kbh
+    from kimi_tools import kimi_bundle_hf as kbh
 
     files = (
         kbh.LayoutFile("x/a", 10, "a" * 64, kbh.FETCHED, "a"),
@@ -456,7 +457,7 @@ def test_the_checkpoint_steps_figures_count_files_not_the_api_answers():
 # ------------------------------------------------------------------------------------ the advisory snapshot
 
 SNAPSHOT = kbb.ADVISORIES_DIR + "/" + kbb.ADVISORIES_NAME
-SHIPPED_ADVISORIES = Path(kbb.__file__).resolve().parents[2] / "roles" / "kimi" / "files" / "advisories.json"
+SHIPPED_ADVISORIES = REPO_ROOT / "roles" / "kimi" / "files" / "advisories.json"
 
 
 def test_the_snapshot_is_staged_and_listed_in_the_manifest_with_its_checksum(tmp_path):

@@ -59,9 +59,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .kimi_advisories import AdvisoryDataError
-from .kimi_advisories import load as load_advisories
-from .kimi_bundle import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_advisories import AdvisoryDataError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_advisories import load as load_advisories
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     WITH_CHECKPOINT,
@@ -78,6 +78,12 @@ from .kimi_bundle import (
     read_manifest,
     wheelhouse_problems,
 )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import verify_signature
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError as TreeBundleError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_verify import default_keyring, verify_bundle
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import files_from_tree, select_files
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
+
 from .kimi_bundle_apt import (
     APT_DIR,
     GPGV,
@@ -102,12 +108,7 @@ from .kimi_bundle_hf import (
     revision_path,
     tree_path,
 )
-from .kimi_bundle_signature import verify_signature
-from .kimi_bundle_tree import BundleError as TreeBundleError
-from .kimi_bundle_verify import default_keyring, verify_bundle
 from .kimi_bundle_wheels import WHEELS_DIR, PipSources, PipTool, WheelBuild, build_wheelhouse
-from .kimi_checkpoint import files_from_tree, select_files
-from .kimi_report import write_atomic
 
 # The advisory snapshot's place in a bundle (step 3c): a directory of its own, swapped with the others.
 ADVISORIES_DIR = "advisories"

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
 
-from .kimi_bundle import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
     APT_PACKAGES,
     DEB_PINS,
     DEBIAN_PACKAGE,
@@ -64,8 +64,8 @@ from .kimi_bundle import (
     hash_file,
     plan_fetches,
 )
-from .kimi_inputs import DEBIAN_VERSION
-from .kimi_report import write_atomic
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import DEBIAN_VERSION
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
 
 # The bundle's apt repository: a flat repository (suite "./") in this directory of the bundle.
 APT_DIR = "apt"

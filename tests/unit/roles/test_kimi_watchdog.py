@@ -1,8 +1,8 @@
-"""plugins/module_utils/kimi_watchdog.py: every rule as a sequence of checks (the lab's faults: a power cut of
-either node, a killed headless rank, rank 0 restarted alone; a busy and a loading group, an operator's stop, the
-maintenance switch, the serve phase's hold), the back-off and the give-up, the ss and /metrics parsers, the
-textfile metrics parsed back, the state file, and main() end to end: once with fakes handed in, once with the real
-observers against a fake vLLM on 127.0.0.1 and a fake systemctl and ss on PATH."""
+"""roles/vllm_serve/files/kimi_watchdog.py, the node's watchdog (imported as on a node): every rule as a sequence of
+checks (the lab's faults: a power cut of either node, a killed headless rank, rank 0 restarted alone; a busy and a
+loading group, an operator's stop, the maintenance switch, the serve phase's hold), the back-off and the give-up, the
+ss and /metrics parsers, the textfile metrics parsed back, the state file, and main() end to end: once with fakes
+handed in, once with the real observers against a fake vLLM on 127.0.0.1 and a fake systemctl and ss on PATH."""
 
 from __future__ import annotations
 
@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from module_utils.kimi_watchdog import (
+from tests import paths
+from tests.node_programs import watchdog
+
+# roles/vllm_serve/files/kimi_watchdog.py, imported as `kimi_watchdog` from a directory laid out as on a node.
+watchdog()
+from kimi_watchdog import (  # noqa: E402
     HEADLESS,
     RANK0,
     VERDICTS,
@@ -48,7 +53,6 @@ from module_utils.kimi_watchdog import (
     state_to_json,
     wants_probe,
 )
-from tests import paths
 
 API_UNIT, HEADLESS_UNIT = "kimi-vllm.service", "kimi-vllm-headless.service"
 T0 = 1_800_000_000.0

@@ -12,10 +12,9 @@ import json
 import re
 
 import pytest
-
-from module_utils import kimi_bundle_hf as kbh
-from module_utils.kimi_bundle_hf import CheckpointFetchError, Digest, LayoutFile
-from module_utils.kimi_checkpoint import RepoFile
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import RepoFile
+from kimi_tools import kimi_bundle_hf as kbh
+from kimi_tools.kimi_bundle_hf import CheckpointFetchError, Digest, LayoutFile
 
 REPO = "moonshotai/Kimi-K2-Instruct"
 SHA = "60877af7bde655c71406a1843bcc395afa52fb57"

@@ -10,9 +10,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from module_utils import kimi_advisories as ka
-from module_utils import kimi_advisories_refresh as kr
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_advisories as ka
+from kimi_tools import kimi_advisories_refresh as kr
 
 
 def osv(record_id, aliases=(), events=None, package="vllm", **extra):
