@@ -226,9 +226,20 @@ def port_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems + _ports({**KIMI_PORTS, **values}, tuple(KIMI_PORTS), "every")
 
 
+# Roles' copies of the kimi role's host lists (roles/kimi/vars/main.yml), which come from an inventory group: the
+# firewall admitted one list while the router or monitoring role ran on another the day an inventory set only one.
+RETIRED_HOST_LISTS = {
+    "monitoring_hosts": ("kimi_monitoring_hosts", "kimi_monitoring"),
+    "firewall_monitoring_hosts": ("kimi_monitoring_hosts", "kimi_monitoring"),
+    "router_hosts": ("kimi_router_hosts", "kimi_router"),
+    "firewall_router_hosts": ("kimi_router_hosts", "kimi_router"),
+}
+
+
 def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES)."""
-    return [
+    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES,
+    RETIRED_HOST_LISTS)."""
+    problems = [
         Problem(
             old,
             "every",
@@ -236,6 +247,16 @@ def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
             f"set {new} instead (same value)",
         )
         for old, new in RETIRED_VARIABLES.items()
+        if old in values
+    ]
+    return problems + [
+        Problem(
+            old,
+            "every",
+            f"is no longer read: the hosts are the kimi role's {new}, which every role reads",
+            f"put the hosts in the inventory group {group} instead",
+        )
+        for old, (new, group) in RETIRED_HOST_LISTS.items()
         if old in values
     ]
 
@@ -533,10 +554,7 @@ def _durations(values: Mapping[str, Any], names: Sequence[str], phase: str) -> l
 def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
     """Every monitoring host must be a node of the group (its cluster address and facts come from there)."""
     nodes = list(values.get("kimi_nodes_group") or [])
-    if "monitoring_hosts" in values:
-        name, hosts = "monitoring_hosts", values["monitoring_hosts"]
-    else:
-        name, hosts = "the kimi_monitoring group", values.get("kimi_monitoring_group") or []
+    name, hosts = "the kimi_monitoring group", values.get("kimi_monitoring_group") or []
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         return [Problem(name, phase, f"is not a list of host names (got {hosts!r})", "list inventory hosts")]
     outside = [h for h in hosts if h not in nodes]

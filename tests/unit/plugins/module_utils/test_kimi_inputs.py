@@ -316,7 +316,6 @@ def test_good_monitoring_inputs_pass():
             "the kimi_monitoring group",
             "names grafana-box, not in kimi_nodes",
         ),
-        ({"monitoring_hosts": ["gn-h100-node9"]}, "monitoring_hosts", "names gn-h100-node9, not in kimi_nodes"),
         ({"monitoring_retention": "15 days"}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_retention": ""}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_alert_stall_for": "3"}, "monitoring_alert_stall_for", "is not a Prometheus duration"),
@@ -541,7 +540,15 @@ def test_a_retired_copy_of_a_kimi_value_is_refused_naming_its_successor(old):
 
 def test_the_kimi_role_hands_over_every_retired_name():
     handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
-    assert set(ki.RETIRED_VARIABLES) <= set(handed_over)
+    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+
+
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_HOST_LISTS))
+def test_a_retired_copy_of_a_kimi_host_list_is_refused_naming_the_group(old):
+    found = only(problems(**{old: ["gn-h100-node1"]}), old)
+    new, group = ki.RETIRED_HOST_LISTS[old]
+    assert found["message"] == f"is no longer read: the hosts are the kimi role's {new}, which every role reads"
+    assert found["fix"] == f"put the hosts in the inventory group {group} instead"
 
 
 def test_a_retired_name_is_no_name_the_kimi_role_owns():
