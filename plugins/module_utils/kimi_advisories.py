@@ -45,7 +45,7 @@ TRUE_WORDS = {"true", "yes", "on", "1", "y", "t"}
 # is what feature_states() does; docs/advisories.md has the same table.
 FEATURES = {
     "trust-remote-code": "vLLM runs the checkpoint's own Python code (vllm_serve_trust_remote_code, default true)",
-    "multimodal": "image, audio or video inputs are processed (on unless vllm_serve_language_model_only)",
+    "multimodal": "image, audio or video inputs are processed (on unless kimi_language_model_only)",
     "multi-node": "one replica spans several nodes (tp x pp x dp above kimi_gpus_per_node)",
     "pipeline-parallel-async-scheduling": (
         "pipeline parallelism with vLLM's async scheduling (kimi_pipeline_parallel_size above 1 and no "
@@ -361,10 +361,10 @@ def feature_states(values: Mapping[str, Any]) -> dict[str, bool]:
     sets); a variable that is not there takes its role default."""
     extra = _extra_args(values)
     pipeline = _as_int(values.get("kimi_pipeline_parallel_size", 1))
-    reasoning = values.get("vllm_serve_reasoning_parser", values.get("kimi_reasoning_parser", "kimi_k2"))
+    reasoning = values.get("kimi_reasoning_parser", "kimi_k2")
     return {
         "trust-remote-code": _as_bool(values.get("vllm_serve_trust_remote_code"), True),
-        "multimodal": not _as_bool(values.get("vllm_serve_language_model_only"), False),
+        "multimodal": not _as_bool(values.get("kimi_language_model_only"), False),
         "multi-node": _multi_node(values),
         "pipeline-parallel-async-scheduling": (pipeline is None or pipeline > 1)
         and not _has_flag(extra, "--no-async-scheduling"),

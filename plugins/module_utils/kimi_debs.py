@@ -1,4 +1,4 @@
-"""What `pinned_packages` (roles/nvidia_repo) still has to do on a node, from one `dpkg-query` of its packages.
+"""What `pinned_debs` (roles/kimi) still has to do on a node, from one `dpkg-query` of its packages.
 
 Each converge reads every pinned set's packages with one `dpkg-query --show` per set and installs or holds only what
 differs: on a node that already has every package at its pin and held (every converge after the first), apt and

@@ -64,7 +64,7 @@ PLAN_VARIABLES = {
     "kv_cache_dtype": "kimi_kv_cache_dtype",
     "max_model_len": "kimi_max_model_len",
     "block_size": "kimi_kv_block_size",
-    "language_model_only": "vllm_serve_language_model_only",
+    "language_model_only": "kimi_language_model_only",
 }
 
 # A phase role's variable judged here -> the kimi variable its role default is (`checkpoint_repo_id: "{{
@@ -73,16 +73,10 @@ PLAN_VARIABLES = {
 # judged by the kimi value the role will derive it from. test_kimi_inputs.py reads every role's defaults and fails
 # when this map and them disagree.
 DERIVED_FROM = {
-    "nvidia_driver_install": "kimi_nvidia_driver_install",
     "checkpoint_repo_id": "kimi_checkpoint_repo_id",
     "checkpoint_revision": "kimi_checkpoint_revision",
     "checkpoint_allow_branch": "kimi_checkpoint_allow_branch",
     "checkpoint_dir": "kimi_checkpoint_dir",
-    "vllm_serve_layout": "kimi_serve_layout",
-    "vllm_serve_language_model_only": "kimi_language_model_only",
-    "vllm_serve_max_num_batched_tokens": "kimi_max_num_batched_tokens",
-    "vllm_serve_enforce_eager": "kimi_enforce_eager",
-    "vllm_serve_kv_cache_memory_from_plan": "kimi_kv_cache_memory_from_plan",
     "monitoring_enabled": "kimi_monitoring_enabled",
 }
 
@@ -200,6 +194,28 @@ RETIRED_PORT_VARIABLES = {
 }
 
 
+# A phase role's copy of a value several roles read, retired when the roles started reading the kimi role's one
+# name: an inventory that still sets the old name would change nothing (or only one reader), so it is refused,
+# naming its successor. roles/kimi/vars/main.yml hands each of these to the check when an inventory or -e sets it.
+RETIRED_VARIABLES = {
+    "vllm_serve_layout": "kimi_serve_layout",
+    "vllm_serve_language_model_only": "kimi_language_model_only",
+    "vllm_serve_max_num_seqs": "kimi_max_num_seqs",
+    "vllm_serve_max_num_batched_tokens": "kimi_max_num_batched_tokens",
+    "vllm_serve_enforce_eager": "kimi_enforce_eager",
+    "vllm_serve_kv_cache_memory_from_plan": "kimi_kv_cache_memory_from_plan",
+    "vllm_serve_tool_call_parser": "kimi_tool_call_parser",
+    "vllm_serve_reasoning_parser": "kimi_reasoning_parser",
+    "vllm_serve_enable_auto_tool_choice": "kimi_enable_auto_tool_choice",
+    "vllm_serve_api_host": "kimi_api_host",
+    "vllm_serve_health_url": "kimi_health_url",
+    "nvidia_driver_install": "kimi_nvidia_driver_install",
+    "drift_serve_layout": "kimi_serve_layout",
+    "verify_expected_reasoning_parser": "kimi_reasoning_parser",
+    "verify_expected_auto_tool_choice": "kimi_enable_auto_tool_choice",
+}
+
+
 def port_problems(values: Mapping[str, Any]) -> list[Problem]:
     """Every port in range and no two services on one port (the firewall keys its rules by port: two services on
     one number would admit one's clients to the other), and no retired per-role port variable."""
@@ -209,6 +225,41 @@ def port_problems(values: Mapping[str, Any]) -> list[Problem]:
         if old in values
     ]
     return problems + _ports({**KIMI_PORTS, **values}, tuple(KIMI_PORTS), "every")
+
+
+# Roles' copies of the kimi role's host lists (roles/kimi/vars/main.yml), which come from an inventory group: the
+# firewall admitted one list while the router or monitoring role ran on another the day an inventory set only one.
+RETIRED_HOST_LISTS = {
+    "monitoring_hosts": ("kimi_monitoring_hosts", "kimi_monitoring"),
+    "firewall_monitoring_hosts": ("kimi_monitoring_hosts", "kimi_monitoring"),
+    "router_hosts": ("kimi_router_hosts", "kimi_router"),
+    "firewall_router_hosts": ("kimi_router_hosts", "kimi_router"),
+}
+
+
+def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
+    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES,
+    RETIRED_HOST_LISTS)."""
+    problems = [
+        Problem(
+            old,
+            "every",
+            f"is no longer read: the value is the kimi role's {new}, which every role reads",
+            f"set {new} instead (same value)",
+        )
+        for old, new in RETIRED_VARIABLES.items()
+        if old in values
+    ]
+    return problems + [
+        Problem(
+            old,
+            "every",
+            f"is no longer read: the hosts are the kimi role's {new}, which every role reads",
+            f"put the hosts in the inventory group {group} instead",
+        )
+        for old, (new, group) in RETIRED_HOST_LISTS.items()
+        if old in values
+    ]
 
 
 def common_problems(values: Mapping[str, Any]) -> list[Problem]:
@@ -225,6 +276,7 @@ def common_problems(values: Mapping[str, Any]) -> list[Problem]:
     for name in ("kimi_data_dir", "kimi_checkpoint_dir"):
         problems += _absolute_path(values, name, "every")
     problems += port_problems(values)
+    problems += retired_problems(values)
     problems += _bools(values, ("kimi_enable_expert_parallel",), "every")
     host_ip = str(values.get("kimi_host_ip") or "")
     if host_ip:
@@ -338,8 +390,8 @@ def stack_problems(values: Mapping[str, Any]) -> list[Problem]:
         )
     problems += _pip_pins(values, phase)
     problems += _advisory_problems(values, phase)
-    problems += _bools(values, ("nvidia_driver_install", "nvidia_driver_fabricmanager", "cuda_profile"), phase)
-    if as_bool(values.get("nvidia_driver_install")):
+    problems += _bools(values, ("kimi_nvidia_driver_install", "nvidia_driver_fabricmanager", "cuda_profile"), phase)
+    if as_bool(values.get("kimi_nvidia_driver_install")):
         version = str(values.get("kimi_nvidia_driver_version", "")).strip()
         branch = str(values.get("kimi_nvidia_driver_branch", "")).strip()
         if not DEBIAN_VERSION.fullmatch(version):
@@ -348,7 +400,7 @@ def stack_problems(values: Mapping[str, Any]) -> list[Problem]:
                     "kimi_nvidia_driver_version",
                     phase,
                     f"must be one exact driver version (got {version!r})",
-                    "e.g. 580.95.05-1, or nvidia_driver_install: false to keep the nodes' driver",
+                    "e.g. 580.95.05-1, or kimi_nvidia_driver_install: false to keep the nodes' driver",
                 )
             )
         elif branch and not version.startswith(branch + "."):
@@ -457,15 +509,13 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
 def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The serve layout name and the booleans of the serving role (its ports are judged with every port)."""
     phase, problems = "serve", []
-    layout = values.get("vllm_serve_layout")
-    if "vllm_serve_layout" in values and layout not in LAYOUTS:
+    layout = values.get("kimi_serve_layout")
+    if "kimi_serve_layout" in values and layout not in LAYOUTS:
         problems.append(
-            Problem("vllm_serve_layout", phase, f"is not one of {', '.join(LAYOUTS)} (got {layout!r})", "pick one")
+            Problem("kimi_serve_layout", phase, f"is not one of {', '.join(LAYOUTS)} (got {layout!r})", "pick one")
         )
-    problems += _bools(
-        values, ("vllm_serve_language_model_only", "vllm_serve_manage_services", "vllm_serve_enforce_eager"), phase
-    )
-    name = "vllm_serve_kv_cache_memory_from_plan"
+    problems += _bools(values, ("kimi_language_model_only", "vllm_serve_manage_services", "kimi_enforce_eager"), phase)
+    name = "kimi_kv_cache_memory_from_plan"
     if name in values and str(values[name]).strip().lower() != "auto" and as_bool(values[name]) is None:
         problems.append(Problem(name, phase, f"is not auto, true or false (got {values[name]!r})", "pick one"))
     return problems
@@ -505,10 +555,7 @@ def _durations(values: Mapping[str, Any], names: Sequence[str], phase: str) -> l
 def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
     """Every monitoring host must be a node of the group (its cluster address and facts come from there)."""
     nodes = list(values.get("kimi_nodes_group") or [])
-    if "monitoring_hosts" in values:
-        name, hosts = "monitoring_hosts", values["monitoring_hosts"]
-    else:
-        name, hosts = "the kimi_monitoring group", values.get("kimi_monitoring_group") or []
+    name, hosts = "the kimi_monitoring group", values.get("kimi_monitoring_group") or []
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
         return [Problem(name, phase, f"is not a list of host names (got {hosts!r})", "list inventory hosts")]
     outside = [h for h in hosts if h not in nodes]

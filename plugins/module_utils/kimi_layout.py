@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .kimi_presets import ModelSpec
 
-# vllm_serve_layout: native multi-node (mp), Ray, data parallel with expert parallel (dp_ep), one node (single).
+# kimi_serve_layout: native multi-node (mp), Ray, data parallel with expert parallel (dp_ep), one node (single).
 LAYOUTS = ("mp", "ray", "dp_ep", "single")
 
 TP = "kimi_tensor_parallel_size"
@@ -29,7 +29,7 @@ DCP = "kimi_decode_context_parallel_size"
 EP = "kimi_enable_expert_parallel"
 GPUS_PER_NODE = "kimi_gpus_per_node"
 NODES = "kimi_nodes"
-SERVE_LAYOUT = "vllm_serve_layout"
+SERVE_LAYOUT = "kimi_serve_layout"
 
 # Layout field -> the inventory variable that sets it.
 SIZE_VARIABLES = {
@@ -235,7 +235,7 @@ def _moe_shard_problems(layout: Layout, model: ModelSpec) -> list[LayoutProblem]
 
 
 def serve_layout_problems(serve_layout: str, layout: Layout, nodes: int, gpus_per_node: int) -> list[LayoutProblem]:
-    """The shape each vllm_serve_layout needs (the GPU count is gpu_count_problems')."""
+    """The shape each kimi_serve_layout needs (the GPU count is gpu_count_problems')."""
     if serve_layout not in LAYOUTS:
         return [
             LayoutProblem(

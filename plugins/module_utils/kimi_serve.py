@@ -40,7 +40,7 @@ class ServeInputError(ValueError):
 class ServeSpec:
     """Everything the argv depends on, as the roles' variables give it (names in the comments)."""
 
-    layout: str  # vllm_serve_layout
+    layout: str  # kimi_serve_layout
     model_path: str  # vllm_serve_model_path (kimi_checkpoint_dir)
     hosts_by_rank: Sequence[str]  # kimi role: hosts ordered by kimi_node_rank_resolved
     host_ips: dict[str, str]  # per host: kimi_host_ip or the IPv4 of kimi_network_interface
@@ -52,7 +52,7 @@ class ServeSpec:
     enable_expert_parallel: bool = False  # kimi_enable_expert_parallel
     master_port: int = 29501  # kimi_master_port
     data_parallel_rpc_port: int = 13345  # kimi_data_parallel_rpc_port
-    api_host: str = "0.0.0.0"  # vllm_serve_api_host: every interface
+    api_host: str = "0.0.0.0"  # kimi_api_host: every interface
     api_port: int = 8000  # kimi_api_port
     served_model_name: str = "kimi-k2"  # vllm_serve_served_model_name
     trust_remote_code: bool = True

@@ -128,7 +128,7 @@ EXAMPLES = r"""
     served_model_name: kimi-k2
     served_pid: "{{ rank0_pid.stdout | int }}"
     expected_tool_call_parser: kimi_k2
-    expected_reasoning_parser: "{{ vllm_serve_reasoning_parser }}"
+    expected_reasoning_parser: "{{ kimi_reasoning_parser }}"
     reasoning: false
     reasoning_skip_reason: Kimi-K2-Instruct is not a thinking model
     fail_on_error: false

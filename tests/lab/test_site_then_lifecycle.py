@@ -101,7 +101,7 @@ def test_a_rank_0_restarted_alone_is_restarted_with_the_group_by_the_next_run(wa
 
 def test_a_changed_flag_restarts_both_ranks_in_order_and_verify_names_the_missing_tool_parser(serving):
     before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
-    no_parser = {"vllm_serve_tool_call_parser": "", "vllm_serve_enable_auto_tool_choice": False}
+    no_parser = {"kimi_tool_call_parser": "", "kimi_enable_auto_tool_choice": False}
     changed = run_site(tags="serve", extravars=no_parser)
     assert changed.rc == 0, changed.failure_messages()
     assert {"node1: files of kimi-vllm.service changed", "node2: files of kimi-vllm-headless.service changed"} <= set(

@@ -29,6 +29,9 @@ JUDGE = "Judge this host's inputs for those phases (on the controller)"
 # Any node task fails at once (connection refused on loopback) instead of reaching an example address.
 NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
 VALIDATE = "Validate what the inventory and -e set for each phase's roles against the role's argument spec"
+# The kimi role's own argument spec, checked when the role starts in every play (its values, the serve layout among
+# them, are refused there first, whatever the phase).
+KIMI_SPEC = "Validating arguments against arg spec 'main' - Cluster-wide defaults and their validation"
 # What an operator's Vault file holds for the shipped inventories that have a router (greennode): stand-ins, as
 # the input check judges only that they are set.
 VAULT = {
@@ -185,9 +188,26 @@ def test_skipped_phases_are_not_judged(tmp_path):
     assert result.unreachable_hosts == ["gn-h100-node1", "gn-h100-node2"]
     result, _ = refused_by_site(tmp_path, extravars={"checkpoint_revision": "main"}, tags="serve")
     assert JUDGE not in {f["task"] for f in result.failures}
-    result, _ = refused_by_site(tmp_path, extravars={"vllm_serve_layout": "k8s"}, tags="serve")
+    result, _ = refused_by_site(tmp_path, extravars={"kimi_serve_layout": "k8s"}, tags="serve")
+    assert {f["task"] for f in result.failures} == {KIMI_SPEC} and not result.unreachable_hosts
+    assert "value of kimi_serve_layout must be one of: mp, ray, dp_ep, single, got: k8s" in messages(result)
+    # A serve-phase role's own option is still validated in the run's first play when only the serve phase runs.
+    result, _ = refused_by_site(tmp_path, extravars={"vllm_serve_health_timeout": "soon"}, tags="serve")
     assert {f["task"] for f in result.failures} == {VALIDATE} and not result.unreachable_hosts
-    assert "value of vllm_serve_layout must be one of: mp, ray, dp_ep, single, got: k8s" in messages(result)
+    assert "argument 'vllm_serve_health_timeout' is of type str and we were unable to convert to int" in messages(
+        result
+    )
+
+
+def test_an_inventory_with_a_retired_name_is_refused_naming_the_kimi_one(tmp_path):
+    # The h200-dp-ep inventory once set vllm_serve_layout: dp_ep; a copy still setting it would be ignored without
+    # a word (vllm_serve reads kimi_serve_layout), so the input check refuses it before any node is contacted.
+    result = run_inputs("h200-dp-ep", tmp_path, vllm_serve_layout="dp_ep", nvidia_driver_install=True)
+    assert result.rc != 0 and not result.unreachable_hosts
+    text = messages(result)
+    assert "vllm_serve_layout is no longer read: the value is the kimi role's kimi_serve_layout" in text, text
+    assert "set kimi_serve_layout instead (same value)" in text
+    assert "nvidia_driver_install is no longer read: the value is the kimi role's kimi_nvidia_driver_install" in text
 
 
 def readme_plan_command() -> list[str]:

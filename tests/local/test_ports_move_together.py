@@ -46,7 +46,7 @@ def exec_starts(root: Path) -> str:
         ("h200-dp-ep", {}, ["--port 18000", "--data-parallel-rpc-port 23345"]),
         (
             "greennode",
-            {"vllm_serve_layout": "ray", "kimi_tensor_parallel_size": 16, "kimi_pipeline_parallel_size": 1},
+            {"kimi_serve_layout": "ray", "kimi_tensor_parallel_size": 16, "kimi_pipeline_parallel_size": 1},
             ["--port 18000", "--port=16379", "--dashboard-port=18265"],
         ),
     ],

@@ -32,7 +32,7 @@ CASES = {
     "greennode-mp": (REPO_ROOT / "inventories" / "greennode", {}, PRODUCTION_FLAGS),
     "greennode-ray": (
         REPO_ROOT / "inventories" / "greennode",
-        {"vllm_serve_layout": "ray", "kimi_tensor_parallel_size": 16, "kimi_pipeline_parallel_size": 1},
+        {"kimi_serve_layout": "ray", "kimi_tensor_parallel_size": 16, "kimi_pipeline_parallel_size": 1},
         PRODUCTION_FLAGS,
     ),
     "h200-dp-ep": (REPO_ROOT / "inventories" / "h200-dp-ep", {}, PRODUCTION_FLAGS),

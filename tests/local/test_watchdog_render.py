@@ -71,7 +71,7 @@ def test_rank_0_judges_its_own_api_with_the_key_file_and_the_timings(rendered):
     config = json.loads((root / "node1/etc/kimi/watchdog.json").read_text())
     assert watchdog().config_from_mapping(config).role == "rank0"
     assert config["unit"] == "kimi-vllm.service"
-    # The API binds to the cluster address (vllm_serve_api_host), so rank 0 asks itself there.
+    # The API binds to the cluster address (kimi_api_host), so rank 0 asks itself there.
     assert config["health_url"] == "http://198.18.0.11:8000/health"
     assert config["metrics_url"] == "http://198.18.0.11:8000/metrics"
     assert config["probe_url"] == "http://198.18.0.11:8000/v1/completions"

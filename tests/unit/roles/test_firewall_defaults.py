@@ -49,19 +49,15 @@ def test_every_service_port_the_rules_name_is_a_kimi_port():
 
 
 def test_the_api_clients_are_the_kimi_roles_routers_and_monitoring_hosts():
-    assert FIREWALL["firewall_router_hosts"] == "{{ kimi_router_hosts }}"
-    assert FIREWALL["firewall_monitoring_hosts"] == "{{ kimi_monitoring_hosts }}"
-    # The same variables the monitoring and router roles run on: the firewall admits the hosts that really scrape.
-    assert defaults("monitoring")["monitoring_hosts"] == "{{ kimi_monitoring_hosts }}"
-    assert defaults("router")["router_hosts"] == "{{ kimi_router_hosts }}"
+    # The same variables the monitoring and router roles run on (they read them directly too, with no copy of
+    # their own): the firewall admits the hosts that really scrape and route.
     assert {"kimi_router_hosts", "kimi_monitoring_hosts", "kimi_admin_network_list"} <= KIMI_VARS.keys()
-    assert FIREWALL_VARS["firewall_api_client_hosts"] == (
-        "{{ (firewall_router_hosts + firewall_monitoring_hosts) | unique | list }}"
+    assert (
+        FIREWALL_VARS["firewall_api_client_hosts"]
+        == "{{ (kimi_router_hosts + kimi_monitoring_hosts) | unique | list }}"
     )
 
 
 def test_the_api_is_public_only_when_the_inventory_says_so_and_there_is_no_router():
     assert KIMI["kimi_api_public"] is False and KIMI["kimi_admin_networks"] == []
-    assert FIREWALL_VARS["firewall_api_public"] == (
-        "{{ kimi_api_public | bool and firewall_router_hosts | length == 0 }}"
-    )
+    assert FIREWALL_VARS["firewall_api_public"] == ("{{ kimi_api_public | bool and kimi_router_hosts | length == 0 }}")

@@ -15,9 +15,6 @@ def test_the_role_names_the_manifest_and_the_keyring_as_the_bundle_has_them():
     kimi_vars = yaml.safe_load((paths.REPO_ROOT / "roles" / "kimi" / "vars" / "main.yml").read_text())
     assert kimi_vars["kimi_bundle_manifest_name"] == kbt.MANIFEST_NAME
     assert kimi_vars["kimi_bundle_keyring_path"] == ks.BUNDLE_KEYRING
-    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    assert role_vars["offline_mirror_manifest_name"] == "{{ kimi_bundle_manifest_name }}"
-    assert role_vars["offline_mirror_keyring_path"] == "{{ kimi_bundle_keyring_path }}"
 
 
 def test_the_site_serves_the_current_release_read_only_without_listings():

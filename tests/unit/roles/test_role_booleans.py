@@ -638,7 +638,7 @@ def test_options_are_found() -> None:
     for name, kind in {
         "checkpoint_force_verify": "bool",
         "cuda_profile": "bool",
-        "nvidia_driver_install": "bool",
+        "kimi_nvidia_driver_install": "bool",
         "kimi_enable_expert_parallel": "bool",
         "checkpoint_progress_interval": "int",
         "kimi_gpu_memory_utilization": "float",

@@ -201,3 +201,146 @@ def test_no_role_writes_a_port_number_of_its_own(path):
         if int(number) in KIMI_PORTS
     }
     assert not written, f"{path.relative_to(ROLES)} writes {written}: read the kimi role's variable instead"
+
+
+# ---------------------------------------------------------------- one name per shared value (issue 27, item 1)
+# A role other than kimi may not define, in its defaults or vars, a name the kimi role owns, nor a variable whose
+# whole value is one kimi value (`foo: "{{ kimi_foo }}"`): that copy is a second name for the value, and an
+# inventory that sets it changes one reader and not the others. The role reads the kimi name instead.
+KIMI_OWNED = set(KIMI_DEFAULTS) | set(KIMI_VARS)
+BARE_COPY = re.compile(r"\{\{\s*(kimi_\w+)\s*\}\}")
+# Per-role overrides: a copy that exists so that this role alone can be given another value. Each is named in
+# its role's README table with the words "Per-role override" and the reason.
+PER_ROLE_OVERRIDES = {
+    "drift_health_url": "tests/local/test_drift_playbook.py points drift alone at its stand-in /health server",
+    "verify_expected_tool_call_parser": "tests/lab/test_front_door.py fails one replica's verify with it",
+}
+# Copies not yet replaced by the kimi name (issue 27, item 1, unfinished): each still a second name for a kimi value.
+# This list only shrinks; a copy not in it fails.
+NOT_YET_ONE_NAME = {
+    "checkpoint_repo_id",
+    "checkpoint_revision",
+    "checkpoint_allow_branch",
+    "checkpoint_dir",
+    "checkpoint_include",
+    "checkpoint_exclude",
+    "checkpoint_marker_name",
+    "drift_nccl_env_file",
+    "drift_cuda_version",
+    "drift_report_dir",
+    "monitoring_enabled",
+    "monitoring_data_mountpoint",
+    "nccl_env_file",
+    "nccl_socket_ifname",
+    "nccl_gloo_socket_ifname",
+    "nccl_tests_gpus_per_node",
+    "nccl_tests_interface",
+    "nccl_tests_host_address",
+    "nccl_tests_nccl_env_file",
+    "nvidia_driver_branch",
+    "nvidia_driver_version",
+    "offline_mirror_bind_address",
+    "parity_venv_path",
+    "parity_nccl_env_file",
+    "parity_deb_pins",
+    "parity_nccl_env",
+    "parity_require_fabric_manager",
+    "parity_report_dir",
+    "preflight_report_dir",
+    "ray_cluster_num_gpus",
+    "ray_cluster_node_ip",
+    "router_api_keys",
+    "router_backend_api_key",
+    "verify_api_key",
+    "verify_ttft_p99_ms",
+    "verify_tpot_p99_ms",
+    "verify_served_model_name",
+    "verify_api_unit",
+    "verify_headless_unit",
+    "vllm_version",
+    "vllm_pip_pins",
+    "vllm_pip_overrides",
+    "vllm_serve_model_path",
+    "vllm_serve_served_model_name",
+    "vllm_serve_api_key",
+    "vllm_serve_max_model_len",
+    "vllm_serve_kv_cache_dtype",
+    "vllm_serve_gpu_memory_utilization",
+    "vllm_serve_block_size",
+    "vllm_serve_host_ip",
+    "vllm_serve_nccl_env_file",
+    "vllm_serve_shutdown_timeout",
+    "vllm_serve_watchdog_textfile_dir",
+    "vllm_serve_watchdog_maintenance_file",
+}
+
+
+def role_settings() -> list[tuple[str, str, object]]:
+    """(role, name, value) of every top-level variable in every role's defaults and vars but the kimi role's."""
+    found = []
+    for folder in ("defaults", "vars"):
+        for path in sorted(ROLES.glob(f"*/{folder}/main.yml")):
+            if path.parts[-3] != "kimi":
+                found += [(path.parts[-3], n, v) for n, v in (yaml.safe_load(path.read_text()) or {}).items()]
+    return found
+
+
+def copies_and_owned_names(settings, allowed=frozenset()) -> list[str]:
+    """What the rule refuses in `settings`: names the kimi role owns, and bare copies of a kimi value (but those
+    in `allowed`)."""
+    found = []
+    for role, name, value in settings:
+        if name in KIMI_OWNED:
+            found.append(f"{role} defines {name}, a name the kimi role owns")
+            continue
+        match = BARE_COPY.fullmatch(value.strip()) if isinstance(value, str) else None
+        if match and match.group(1) in KIMI_OWNED and name not in allowed:
+            found.append(f"{role}: {name} is a copy of {match.group(1)}")
+    return found
+
+
+def test_no_role_copies_a_kimi_value_or_defines_a_kimi_name():
+    refused = copies_and_owned_names(role_settings(), set(PER_ROLE_OVERRIDES) | NOT_YET_ONE_NAME)
+    assert not refused, (
+        f"{refused}: read the kimi role's variable directly instead of a copy (a real per-role override goes into "
+        "PER_ROLE_OVERRIDES and its role's README table says why)"
+    )
+
+
+def test_the_copy_scan_finds_copies_and_owned_names_only():
+    settings = [
+        ("router", "router_port", "{{ kimi_router_port }}"),
+        ("verify", "kimi_serve_layout", "mp"),
+        ("drift", "drift_layout", " {{ kimi_serve_layout }} "),
+        ("drift", "drift_url", "http://{{ kimi_api_reach_host }}:{{ kimi_api_port }}"),
+        ("drift", "drift_dir", "{{ kimi_data_dir }}/models"),
+        ("drift", "drift_x", "{{ kimi_not_a_kimi_value }}"),
+        ("drift", "drift_y", 3),
+    ]
+    assert copies_and_owned_names(settings) == [
+        "router: router_port is a copy of kimi_router_port",
+        "verify defines kimi_serve_layout, a name the kimi role owns",
+        "drift: drift_layout is a copy of kimi_serve_layout",
+    ]
+    assert copies_and_owned_names(settings, {"router_port", "drift_layout"}) == [
+        "verify defines kimi_serve_layout, a name the kimi role owns"
+    ]
+
+
+def test_each_per_role_override_is_a_copy_its_readme_explains():
+    copies = {
+        name: role for role, name, value in role_settings() if isinstance(value, str) and BARE_COPY.fullmatch(value)
+    }
+    for name in PER_ROLE_OVERRIDES:
+        assert name in copies, f"{name} is no longer a copy of a kimi value: drop it from PER_ROLE_OVERRIDES"
+        row = [
+            line for line in (ROLES / copies[name] / "README.md").read_text().splitlines() if f"| `{name}` |" in line
+        ]
+        assert row and "Per-role override" in row[0], f"roles/{copies[name]}/README.md must say why {name} exists"
+
+
+def test_the_not_yet_list_only_names_copies_that_still_exist():
+    copies = {
+        name for _, name, value in role_settings() if isinstance(value, str) and BARE_COPY.fullmatch(value.strip())
+    }
+    assert copies >= NOT_YET_ONE_NAME, f"no longer copies, drop them from NOT_YET_ONE_NAME: {NOT_YET_ONE_NAME - copies}"

@@ -175,7 +175,7 @@ def test_features_take_the_role_defaults_where_the_inventory_sets_nothing():
     [
         ({"vllm_serve_trust_remote_code": "no"}, "trust-remote-code", False),
         ({"vllm_serve_trust_remote_code": True}, "trust-remote-code", True),
-        ({"vllm_serve_language_model_only": "yes"}, "multimodal", False),
+        ({"kimi_language_model_only": "yes"}, "multimodal", False),
         ({"vllm_serve_extra_args": ["--enable-prompt-embeds"]}, "prompt-embeds", True),
         ({"vllm_serve_extra_args": ["--kv-transfer-config={}"]}, "kv-transfer", True),
         ({"vllm_serve_extra_args": ["--speculative-config", "{}"]}, "speculative-decoding", True),
@@ -187,7 +187,6 @@ def test_features_take_the_role_defaults_where_the_inventory_sets_nothing():
             "pipeline-parallel-async-scheduling",
             False,
         ),
-        ({"vllm_serve_reasoning_parser": ""}, "reasoning", False),
         ({"kimi_reasoning_parser": ""}, "reasoning", False),
         (
             {"kimi_tensor_parallel_size": 8, "kimi_pipeline_parallel_size": 2, "kimi_gpus_per_node": 8},

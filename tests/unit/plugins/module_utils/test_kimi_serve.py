@@ -86,11 +86,11 @@ def test_ray_workers_run_no_vllm():
 @pytest.mark.parametrize(
     ("change", "variable"),
     [
-        ({"layout": "tp"}, "vllm_serve_layout"),
+        ({"layout": "tp"}, "kimi_serve_layout"),
         ({"tensor_parallel_size": 4}, "kimi_tensor_parallel_size"),
         ({"decode_context_parallel_size": 3}, "kimi_decode_context_parallel_size"),
         ({"host_ips": {"n1": "10.0.0.1"}}, "kimi_host_ip"),
-        ({"layout": "single"}, "vllm_serve_layout"),
+        ({"layout": "single"}, "kimi_serve_layout"),
         ({"data_parallel_size": 2, "tensor_parallel_size": 4}, "kimi_data_parallel_size"),
     ],
 )
