@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_checkpoint as kc
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_checkpoint as kc
 from tests.ansible_run import REPO_ROOT, run_playbook
 
 PLAYBOOK = REPO_ROOT / "playbooks" / "checkpoint.yml"

@@ -97,7 +97,7 @@ def test_a_server_that_ignores_the_range_starts_the_file_again(mirror, tmp_path)
 
 def test_the_partial_file_is_where_the_roles_progress_counts(tmp_path):
     """kimi_checkpoint_node.partial_bytes counts hf's in-flight files: the same place, the same suffix."""
-    from module_utils.kimi_checkpoint_node import HF_PARTIAL_DIR
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import HF_PARTIAL_DIR
 
     assert fetch.partial_path(tmp_path, "a/b.bin") == tmp_path / HF_PARTIAL_DIR / "a" / "b.bin.incomplete"
 
@@ -129,7 +129,7 @@ def test_the_program_fetches_its_list_and_says_how_many(mirror, tmp_path, capsys
 
 
 def test_a_failure_ends_with_an_error_line_the_role_shows(mirror, tmp_path, capsys):
-    from module_utils.kimi_checkpoint import error_line
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import error_line
 
     listed = tmp_path / "list.json"
     listed.write_text(json.dumps([{"url": f"{mirror}/missing", "path": "a", "size": 1}]))

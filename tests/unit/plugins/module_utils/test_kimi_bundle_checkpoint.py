@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_checkpoint as kc
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import ManifestError
 
-from module_utils import kimi_bundle as kb
-from module_utils import kimi_bundle_checkpoint as kc
-from module_utils.kimi_bundle_tree import ManifestError
 from tests import paths
 
 REPO = "kimi-lab/Kimi-K2-mini"
