@@ -89,6 +89,7 @@ def test_module_utils_holds_no_node_program_and_the_roles_ship_them(members):
     assert {"plugins/module_utils/kimi_systemd.py", "plugins/module_utils/kimi_rendezvous.py"} <= names
 
 
-def test_the_hub_header_filter_keeps_its_helper_in_module_utils(members):
+def test_the_air_gapped_checkpoint_listing_ships_with_its_module(members):
     names = {str(path) for path in members}
-    assert {"plugins/filter/kimi_bundle.py", "plugins/module_utils/kimi_hf_headers.py"} <= names
+    assert {"plugins/modules/kimi_bundle_checkpoint_files.py", "plugins/module_utils/kimi_bundle_checkpoint.py"} <= names
+    assert "roles/checkpoint/files/kimi-checkpoint-fetch.py" in names

@@ -1,42 +1,28 @@
 """The checkpoint part of an air-gapped bundle (bin/kimi-bundle): the pinned Hugging Face repository, fetched
-from the Hub (or a mirror) into a plain directory that a static web server answers exactly as the Hub answers
-the checkpoint role (kimi_hf_repo_files, then ``hf download``).
+from the Hub (or a mirror) into a plain directory. The offline mirror serves its files as plain files, and the
+checkpoint role on each node fetches them with plain GETs and checks them against the bundle's manifest
+(plugins/module_utils/kimi_bundle_checkpoint.py, docs/air-gapped.md): nothing here imitates the Hub's API. The
+directory, relative to the bundle's ``hf/``:
+
+- ``ORG/NAME/resolve/SHA/PATH``: the files themselves (resolve_path), the paths the nodes fetch;
+- ``api/models/ORG/NAME/revision/SHA``: the source's answer to GET /api/models/ORG/NAME/revision/SHA, with its
+  ``siblings`` narrowed to the bundle's files (revision_path);
+- ``api/models/ORG/NAME/tree/SHA``: every page of GET /api/models/ORG/NAME/tree/SHA?recursive=true&expand=false
+  merged into one JSON array, narrowed to the bundle's files and their folders, without ``xetHash`` (tree_path,
+  servable_tree). The two answers are the source's own word on each file's size and checksum: ``bin/kimi-bundle
+  verify`` checks the files against them as well as against the manifest.
 
 Why a plain directory and not olah: olah 0.5.4's offline mode reads every LFS object whole into memory and
 hashes the whole file on every HEAD, which a 1 TB checkpoint (about 60 shards of several GB) cannot afford. A
 static server (nginx, configured by the offline_mirror role) streams files with sendfile and honours byte
-ranges. The directory, relative to the bundle's ``hf/`` (the mirror's HF_ENDPOINT root):
-
-- ``api/models/ORG/NAME/revision/SHA``: the source's answer to GET /api/models/ORG/NAME/revision/SHA, with its
-  ``siblings`` narrowed to the bundle's files (revision_path);
-- ``api/models/ORG/NAME/tree/SHA``: every page of GET /api/models/ORG/NAME/tree/SHA?recursive=true&expand=false
-  merged into one JSON array, so no Link header is needed, narrowed to the bundle's files and their folders,
-  without ``xetHash`` (tree_path, servable_tree);
-- ``ORG/NAME/resolve/SHA/PATH``: the files themselves (resolve_path).
-
-Why the tree is narrowed: a listing must not name a file the mirror cannot serve. ``hf download`` without the
-role's patterns would stop at the first 404, and ``hf cache verify`` (the role's optional cross-check) would
-report every left-out file as missing. The role's own patterns select the same files from the narrowed tree.
-Why ``xetHash`` goes: with hf_xet installed (huggingface_hub 2.4.0 requires it on x86_64 and arm64),
-snapshot_download trusts a tree entry's xetHash and skips the HEAD (file_download.py:
-_xet_file_metadata_from_tree_cache), then asks /api/models/ORG/NAME/xet-read-token/SHA, which no static
-server answers. Without it every file goes through HEAD and a plain GET.
-
-Server rules: server_rules() (per-location headers, as path regexes with named groups) and file_headers()
-(per-file X-Linked-Etag/X-Linked-Size, from the tree) are the one definition of what the mirror must answer.
-The offline_mirror role's nginx configuration must implement exactly these, and nothing else under ``hf/``
-(every other path a plain 404): tests/local/test_bundle_hf.py serves a layout with a stand-in built from the
-same data, and the lab test with the real nginx. What huggingface_hub 2.4.0 needs of them is recorded in
-docs/air-gapped.md. Besides these, the hf CLI asks for GET /api/agent-harnesses once per run (best effort,
-utils/_detect_agent.py); the plain 404 it gets is ignored.
+ranges.
 
 How it fetches, and why not huggingface_hub: stdlib urllib, the same two API requests kimi_hf_repo_files makes,
 then one GET per file of the resolve URL (redirects followed; the token is sent to the endpoint's own origin
 only, as huggingface_hub drops it for a CDN). bin/kimi-bundle runs in the controller's environment, which has no
 huggingface_hub (module_utils use the standard library and ``packaging``); the layout needs the source's JSON
 answers as they are, which HfApi turns into objects; hf_hub_download keeps its own metadata in the target
-directory and cannot take a file another directory already holds. huggingface_hub's own client is what the tests
-run against the layout, as the nodes will.
+directory and cannot take a file another directory already holds.
 
 Reuse and resume: a file already at its place in the layout, or anywhere under the reuse directories (a previous
 bundle's ``hf/``, an ``hf download --local-dir`` copy, a HF cache), whose size and checksum (the tree's LFS
@@ -44,9 +30,6 @@ sha256, else its git blob id, as kimi_checkpoint verifies) match is kept or hard
 systems); only files of a listed size are ever hashed. The rest is downloaded into a partial file named by its
 checksum, continued with a Range request after an interruption, verified, and renamed into place. What the
 layout held that this revision does not need is removed at the end, after it could be reused.
-
-Plugins import it as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_hf``, the unit tests as
-``module_utils.kimi_bundle_hf``.
 """
 
 from __future__ import annotations
@@ -80,14 +63,6 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import (
     next_page,
     select_files,
 )
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import (
-    NGINX_MAP_BUCKET as NGINX_MAP_BUCKET,
-)
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import (
-    NGINX_MAP_KEY_LIMIT as NGINX_MAP_KEY_LIMIT,
-)
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import file_headers, resolve_path
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_hf_headers import nginx_header_rows as nginx_header_rows
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import REPO_ID
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
 
@@ -97,7 +72,7 @@ from .kimi_bundle_apt import link_or_copy
 HF_DIR = "hf"
 # Partial downloads live here, under the layout's directory, until verified; removed when a run completes.
 PARTIAL_DIR = ".partial"
-# Tree fields a static mirror cannot honour (see the module docstring).
+# Tree fields nothing in the bundle uses (the xet protocol's hash): left out of the stored listing.
 UNSERVABLE_TREE_FIELDS = ("xetHash",)
 # How each file of the layout came to be there in this run.
 KEPT, LINKED, FETCHED = "kept", "linked", "fetched"
@@ -124,6 +99,11 @@ class _HubAnswerError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- the layout
+
+
+def resolve_path(repo_id: str, revision: str, path: str) -> str:
+    """Where a file of the checkpoint lies in the layout (and on the offline mirror, as a plain file)."""
+    return f"{repo_id}/resolve/{revision}/{path}"
 
 
 def revision_path(repo_id: str, revision: str) -> str:
@@ -292,104 +272,6 @@ def content_range_start(value: str | None) -> int | None:
 
 
 # ------------------------------------------------------------------------------------ the server rules
-
-
-@dataclass(frozen=True)
-class ServerRule:
-    """One location of the mirror. `pattern` matches the request's path (no query string, percent-decoded, as
-    nginx's $uri) with named groups; `{group}` in a header value is that group's text (nginx: $group).
-
-    headers: added to every 2xx answer; not_found_headers: to a 404 (the file is not in the layout);
-    content_type: the answer's Content-Type (the API answers are files without an extension); byte_ranges: a
-    Range request gets 206 with that range; compress: False means never a Content-Encoding (hf counts the
-    bytes of a file against its size).
-    """
-
-    name: str
-    pattern: str
-    headers: tuple[tuple[str, str], ...]
-    not_found_headers: tuple[tuple[str, str], ...]
-    content_type: str | None = None
-    byte_ranges: bool = True
-    compress: bool = False
-
-
-_REPO = r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)"
-_REVISION = r"(?P<revision>[0-9a-f]{40})"
-_NOT_IN_MIRROR = ("X-Error-Message", "{repo} at {revision} is not in this offline mirror")
-
-
-def server_rules(url_prefix: str = "") -> tuple[ServerRule, ...]:
-    """What the mirror answers, location by location, for huggingface_hub 2.4.0 and kimi_hf_repo_files.
-
-    `url_prefix`: the path the layout is served under ("" when HF_ENDPOINT is the server's root, "/hf" for
-    http://mirror/hf). Both clients append /api/... and /ORG/NAME/resolve/... to HF_ENDPOINT as text, so a
-    prefix works. The role's nginx configuration must implement exactly these rules.
-    """
-    prefix = re.escape(url_prefix.rstrip("/"))
-    api_not_found = (("X-Error-Code", "RevisionNotFound"), _NOT_IN_MIRROR)
-    return (
-        ServerRule(
-            name="revision",
-            pattern=rf"^{prefix}/api/models/{_REPO}/revision/{_REVISION}$",
-            headers=(),
-            not_found_headers=api_not_found,
-            content_type="application/json",
-        ),
-        ServerRule(
-            name="tree",
-            pattern=rf"^{prefix}/api/models/{_REPO}/tree/{_REVISION}$",
-            headers=(),
-            not_found_headers=api_not_found,
-            content_type="application/json",
-        ),
-        ServerRule(
-            name="resolve",
-            pattern=rf"^{prefix}/{_REPO}/resolve/{_REVISION}/(?P<file>.+)$",
-            # hf refuses a HEAD answer without it (file_download.py: _get_metadata_or_catch_error).
-            headers=(("X-Repo-Commit", "{revision}"),),
-            # EntryNotFound makes hf raise RemoteEntryNotFoundError, naming the file, not a connection problem.
-            not_found_headers=(("X-Repo-Commit", "{revision}"), ("X-Error-Code", "EntryNotFound"), _NOT_IN_MIRROR),
-        ),
-    )
-
-
-def match_rule(path: str, rules: Sequence[ServerRule]) -> tuple[ServerRule, dict[str, str]] | None:
-    """The rule for a request path and its named groups; None: not a path of the mirror (a plain 404)."""
-    for rule in rules:
-        found = re.match(rule.pattern, path)
-        if found:
-            return rule, {name: value for name, value in found.groupdict().items() if value is not None}
-    return None
-
-
-def rule_headers(templates: Iterable[tuple[str, str]], groups: Mapping[str, str]) -> list[tuple[str, str]]:
-    """Header values with `{group}` replaced by the request's groups."""
-    return [(name, value.format_map(dict(groups))) for name, value in templates]
-
-
-def rules_document(repo_id: str, revision: str, files: Iterable[RepoFile], url_prefix: str = "") -> dict[str, Any]:
-    """server_rules and file_headers as one JSON-ready document: the rules as data. The offline_mirror role's nginx
-    site implements the rules by hand and takes the per-file headers from nginx_header_rows;
-    tests/local/test_bundle_hf.py checks that site against the stand-in built from these rules."""
-    return {
-        "rules": [
-            {
-                "name": rule.name,
-                "pattern": rule.pattern,
-                "headers": [list(header) for header in rule.headers],
-                "not_found_headers": [list(header) for header in rule.not_found_headers],
-                "content_type": rule.content_type,
-                "byte_ranges": rule.byte_ranges,
-                "compress": rule.compress,
-            }
-            for rule in server_rules(url_prefix)
-        ],
-        "file_headers": file_headers(repo_id, revision, files, url_prefix),
-    }
-
-
-# ------------------------------------------------------------------------------------------- HTTP client
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -8,7 +8,6 @@ tests/local/test_bundle_hf.py.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 
 import pytest
@@ -221,70 +220,6 @@ def test_the_manifest_entries_are_the_layouts_files_under_the_prefix_sorted():
         {"path": f"hf/{REPO}/resolve/{SHA}/b", "size": 2, "sha256": "b" * 64},
     ]
     assert fetch.manifest_entries("")[0]["path"] == f"api/models/{REPO}/tree/{SHA}"
-
-
-# ------------------------------------------------------------------------------------------- server rules
-
-
-def test_each_request_the_clients_make_has_its_rule():
-    rules = kbh.server_rules()
-    revision, groups = kbh.match_rule(f"/api/models/{REPO}/revision/{SHA}", rules)
-    assert (revision.name, revision.content_type) == ("revision", "application/json")
-    assert groups == {"repo": REPO, "revision": SHA}
-    tree, _ = kbh.match_rule(f"/api/models/{REPO}/tree/{SHA}", rules)
-    assert tree.name == "tree" and tree.content_type == "application/json"
-    resolve, groups = kbh.match_rule(f"/{REPO}/resolve/{SHA}/sub/model.safetensors", rules)
-    assert resolve.name == "resolve" and groups["file"] == "sub/model.safetensors"
-    assert resolve.byte_ranges and not resolve.compress
-    assert kbh.rule_headers(resolve.headers, groups) == [("X-Repo-Commit", SHA)]
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        f"/api/models/{REPO}/revision/main",  # a branch: the bundle holds one commit
-        f"/api/models/{REPO}/tree/{SHA}/sub",  # a folder's listing: never asked by the clients
-        f"/{REPO}/resolve/main/config.json",
-        f"/api/models/{REPO}/xet-read-token/{SHA}",
-        "/.partial/x.part",
-        f"/{REPO}/resolve/{SHA}/",
-    ],
-)
-def test_other_paths_have_no_rule(path):
-    assert kbh.match_rule(path, kbh.server_rules()) is None
-
-
-def test_under_a_prefix_the_rules_match_only_below_it():
-    rules = kbh.server_rules("/hf/")
-    assert kbh.match_rule(f"/hf/{REPO}/resolve/{SHA}/config.json", rules)[0].name == "resolve"
-    assert kbh.match_rule(f"/{REPO}/resolve/{SHA}/config.json", rules) is None
-    assert kbh.match_rule(f"/hf/api/models/{REPO}/tree/{SHA}", rules)[0].name == "tree"
-
-
-def test_a_missing_file_or_revision_is_named_as_the_hub_names_it():
-    rules = {rule.name: rule for rule in kbh.server_rules()}
-    groups = {"repo": REPO, "revision": SHA, "file": "x"}
-    assert kbh.rule_headers(rules["resolve"].not_found_headers, groups) == [
-        ("X-Repo-Commit", SHA),
-        ("X-Error-Code", "EntryNotFound"),
-        ("X-Error-Message", f"{REPO} at {SHA} is not in this offline mirror"),
-    ]
-    assert dict(kbh.rule_headers(rules["tree"].not_found_headers, groups))["X-Error-Code"] == "RevisionNotFound"
-
-
-def test_each_file_gets_its_hub_checksum_and_size_as_linked_headers():
-    files = [LFS_FILE, GIT_FILE, RepoFile("unknown", 3)]
-    assert kbh.file_headers(REPO, SHA, files, "/hf") == {
-        f"/hf/{REPO}/resolve/{SHA}/model.safetensors": {"X-Linked-Etag": f'"{"f" * 64}"', "X-Linked-Size": "10"},
-        f"/hf/{REPO}/resolve/{SHA}/config.json": {"X-Linked-Etag": f'"{"a" * 40}"', "X-Linked-Size": "10"},
-    }
-
-
-def test_the_rules_document_is_json_with_every_rule_and_file():
-    document = kbh.rules_document(REPO, SHA, [LFS_FILE])
-    assert json.loads(json.dumps(document)) == document
-    assert [rule["name"] for rule in document["rules"]] == ["revision", "tree", "resolve"]
-    assert list(document["file_headers"]) == [f"/{REPO}/resolve/{SHA}/model.safetensors"]
 
 
 @pytest.mark.parametrize(
