@@ -15,8 +15,7 @@ pip platforms, the apt and pip pins, the checkpoint, the inventory), so that
 Stdlib and `packaging` only, free of Ansible imports; the only I/O is reading the tree a caller names. The tree
 walk, the files' checks and the document's shape are kimi_bundle_tree.py's (stdlib only: the mirror host runs
 them), re-exported here.
-Plugins import it as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle``, the unit tests as
-``module_utils.kimi_bundle``.
+Imported as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle`` everywhere, the tests included.
 """
 
 from __future__ import annotations

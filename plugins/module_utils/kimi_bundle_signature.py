@@ -10,9 +10,8 @@ are read here, not its human messages, which are translated and reworded between
 gpgv, not gpg: Debian's apt depends on gpgv, so every Debian or Ubuntu host has it, while gnupg is optional.
 
 Stdlib only, free of Ansible imports (it runs on the mirror host); commands run through a caller's runner
-(AnsibleModule.run_command on a host, subprocess in tests). Plugins import it as
-``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature``, the unit tests as
-``module_utils.kimi_bundle_signature``.
+(AnsibleModule.run_command on a host, subprocess in tests). Imported as
+``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature`` everywhere, the tests included.
 """
 
 from __future__ import annotations

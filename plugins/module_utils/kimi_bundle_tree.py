@@ -9,9 +9,8 @@ What this module cannot judge without `packaging` is built_for (the inputs and t
 read_document checks everything else, kimi_bundle.read_manifest adds built_for. On the mirror host the detached
 signature (kimi_bundle_signature.py) is what vouches for built_for.
 
-Stdlib only, free of Ansible imports. Plugins import it as
-``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree``, the unit tests as
-``module_utils.kimi_bundle_tree``.
+Stdlib only, free of Ansible imports. Imported as
+``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree`` everywhere, the tests included.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@ manifest's signature by the pinned key, then the manifest itself, then every fil
 sha256. Each step runs only when the one before it passed: a tree is never judged against a manifest nobody
 vouched for.
 
-Stdlib only, free of Ansible imports (it runs on the mirror host). Plugins import it as
-``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_verify``, the unit tests as
-``module_utils.kimi_bundle_verify``.
+Stdlib only, free of Ansible imports (it runs on the mirror host). Imported as
+``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_verify`` everywhere, the tests included.
 """
 
 from __future__ import annotations

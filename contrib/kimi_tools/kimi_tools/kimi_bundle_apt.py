@@ -35,8 +35,7 @@ apt-get's ``--print-uris`` lines and simulation ``Inst`` lines (apt prints nothi
 closure it resolved) and its ``E:`` lines (to name the package, version or source in errors). Everything else
 is apt-get, apt-config, apt-ftparchive, gpg, gpgv and gpgconf; the commands run through run_tool only.
 
-No Ansible imports. Plugins import it as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_apt``,
-the unit tests as ``module_utils.kimi_bundle_apt``.
+No Ansible imports; part of the bundle builder (``kimi_tools.kimi_bundle_apt``), not of the collection.
 """
 
 from __future__ import annotations

@@ -39,8 +39,7 @@ the tree against the manifest, sizes then sha256), then the manifest's inputs (t
 the apt index and the wheelhouse against those inputs, and those inputs against an inventory's. Each problem
 names the file, or the variable.
 
-No Ansible imports. Plugins import it as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_build``,
-the unit tests as ``module_utils.kimi_bundle_build``.
+No Ansible imports. Part of the bundle builder (``kimi_tools.kimi_bundle_build``), not of the collection.
 """
 
 from __future__ import annotations

@@ -47,9 +47,7 @@ failures and conflict chains are read with kimi_pinset's parsers, wheel names an
 resolving, downloading and checking are pip's own. Commands run through run_pip only, but for
 kimi_pinset.pip_preflight's probe of the interpreter.
 
-No Ansible imports. Plugins import it as
-``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_wheels``, the unit tests as
-``module_utils.kimi_bundle_wheels``.
+No Ansible imports. Part of the bundle builder (``kimi_tools.kimi_bundle_wheels``), not of the collection.
 """
 
 from __future__ import annotations

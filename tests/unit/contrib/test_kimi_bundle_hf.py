@@ -1,7 +1,7 @@
-"""The pure parts of the bundle's checkpoint step: the layout's paths, reading and narrowing the tree listing,
-the reuse decisions, and the static server's rules.
+"""The pure parts of the bundle's checkpoint step: the layout's paths, reading and narrowing the tree listing, and
+the reuse decisions.
 
-fetch_checkpoint itself runs against a fake Hub, the lab's olah and a stand-in of the mirror in
+fetch_checkpoint itself runs against a fake Hub, the lab's olah and a static Hub stand-in in
 tests/local/test_bundle_hf.py.
 """
 
