@@ -91,5 +91,8 @@ def test_module_utils_holds_no_node_program_and_the_roles_ship_them(members):
 
 def test_the_air_gapped_checkpoint_listing_ships_with_its_module(members):
     names = {str(path) for path in members}
-    assert {"plugins/modules/kimi_bundle_checkpoint_files.py", "plugins/module_utils/kimi_bundle_checkpoint.py"} <= names
+    assert {
+        "plugins/modules/kimi_bundle_checkpoint_files.py",
+        "plugins/module_utils/kimi_bundle_checkpoint.py",
+    } <= names
     assert "roles/checkpoint/files/kimi-checkpoint-fetch.py" in names
