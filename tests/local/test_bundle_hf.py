@@ -1,57 +1,60 @@
 """The bundle's checkpoint step on this host, for real: fetch_checkpoint lays a Hugging Face repository out as
-a plain directory, and the clients the nodes run read it back through a static server.
+a plain directory (hf/ORG/NAME/resolve/SHA/PATH, and the source's revision and tree answers under hf/api/), and
+the offline mirror's nginx serves that directory as plain static files to the checkpoint role's fetch program.
 
-The mirror here is a stand-in (MirrorStandIn below): Python's http.server answering by the rules
-kimi_bundle_hf.server_rules and file_headers define, the one definition the offline_mirror role's nginx
-configuration implements, plus what nginx adds on its own to a static file (an ETag of mtime and size,
-Last-Modified, Accept-Ranges, 206 for one byte range). The lab test serves the same layout with the real nginx;
-this file proves the layout and the rules, not nginx.
-
-Two sources:
+The builder, from three sources:
 - the lab's olah 0.5.4 in offline mode with the lab's miniature checkpoint (lab/labctl/mirrors_hf, the cached
   mirror and tools venv, found as the lab finds them; skipped when they are not built): a first build, a second
-  that reuses everything, a third after two files of the layout were damaged; then olah is stopped (by its
-  pid) and the stand-in serves the bundle's directory, the layout under /hf as nginx will, to the real
-  `hf download` and `hf cache verify` of the tools venv (huggingface_hub 2.4.0, with hf_xet), to the role's
-  kimi_hf_repo_files module, and to fetch_checkpoint itself (reuse from another layout, a pin bump, a resume);
-- a fake Hub written here (no lab needed but for the hf runs): two pages of tree, an LFS file with an xetHash
-  behind a redirect to a "CDN" on another origin that cuts the first transfer, a token the CDN must not see.
+  that reuses everything, a third after two files of the layout were damaged; then olah is stopped (by its pid);
+- a static Hub stand-in written here (StaticHub): a built layout answering the three requests fetch_checkpoint
+  makes of a Hub (revision, tree, resolve, a Range from a byte answered with 206), the source of a new layout
+  that links what another holds, of a pin bump and of a resumed download;
+- a fake Hub written here (no lab needed): two pages of tree, an LFS file behind a redirect to a "CDN" on another
+  origin that cuts the first transfer, a token the CDN must not see, a repository whose bytes are not the listed
+  ones, an unknown revision.
+
+The mirror: the offline_mirror role's site rendered from its template and run by Debian's nginx (unpacked from
+the lab's apt mirror; skipped without it) serves the lab's layout; the checkpoint role's
+files/kimi-checkpoint-fetch.py fetches every file from it with plain GETs, continuing a partial one with a Range
+(206), and gets the layout's bytes. Under /hf/ nginx serves files and nothing else (a directory or a file the
+bundle lacks is a 404), GET and HEAD only (else 403), and no Hub header: the mirror does not imitate the Hub any
+more (docs/air-gapped.md, "The checkpoint from the bundle"), so no Hub client (`hf download`) is run against it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
-import os
 import random
+import re
 import shutil
 import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from email.utils import formatdate
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_checkpoint as kbc
 from kimi_tools import kimi_bundle_hf as kbh
 
 from tests.lab_olah import free_port, lab_hf_or_skip, running_olah
-from tests.unit.ansible_adhoc import run_module
 
 # Tier 2 (tests/tiers.py, group local-bundle): make test-all, and CI while its time allows, or when its code changed.
 pytestmark = pytest.mark.tier2("local-bundle")
 
-HF_ENV_DROP = ("HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_DISABLE_XET", "HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE")
+ROOT = Path(__file__).resolve().parents[2]
 TIMINGS: dict[str, float] = {}
-# What hf asks besides the checkpoint (see test_hf_download_gets_every_file_from_the_layout).
-AGENT_REGISTRY = "/api/agent-harnesses"
 
 
 def sha256_of(path: Path) -> str:
@@ -66,37 +69,32 @@ def timed(name: str) -> Iterator[None]:
     print(f"\n[timing] {name}: {TIMINGS[name]:.2f} s")
 
 
-# ------------------------------------------------------------------------------------ the mirror stand-in
+# --------------------------------------------------------------------------------- a static Hub stand-in
+
+# The requests fetch_checkpoint makes of a Hub (kbh.revision_url, kbh.tree_url, kbh.resolve_url), path and query
+# as sent. Each is answered with the layout's file at the path without the query: the tree in one page, no Link.
+HUB_REQUESTS = (
+    re.compile(r"/api/models/[^/?]+/[^/?]+/revision/[0-9a-f]{40}"),
+    re.compile(r"/api/models/[^/?]+/[^/?]+/tree/[0-9a-f]{40}\?recursive=true&expand=false"),
+    re.compile(r"/[^/?]+/[^/?]+/resolve/[0-9a-f]{40}/[^?]+"),
+)
 
 
 @dataclass(frozen=True)
-class Logged:
-    method: str
+class Asked:
     path: str
-    rule: str | None
     status: int
     range: str | None
 
 
-class MirrorStandIn:
-    """A static server of `docroot`, whose layout is under `prefix` (the bundle's directory and "/hf", as
-    nginx serves it; or the layout itself and ""), answering by kbh.server_rules and kbh.file_headers (the
-    per-file headers built from the layout's own tree answers, as the role builds them from the bundle)."""
+class StaticHub:
+    """A built layout as the source of fetch_checkpoint: the answers of HUB_REQUESTS from its files, a Range
+    `bytes=N-` answered with 206 and its Content-Range, anything else 404. Records each request."""
 
-    def __init__(self, docroot: Path, prefix: str = "", drop: frozenset[str] = frozenset()) -> None:
-        self.root = docroot.resolve()
-        self.prefix = prefix.rstrip("/")
-        # Headers left out of every answer, to show which ones hf cannot do without.
-        self.drop = drop
-        self.rules = kbh.server_rules(self.prefix)
-        self.per_file: dict[str, dict[str, str]] = {}
-        layout = self.root / self.prefix.lstrip("/")
-        for tree in layout.glob("api/models/*/*/tree/*"):
-            repo_id = "/".join(tree.relative_to(layout).parts[2:4])
-            files = ck.files_from_tree(json.loads(tree.read_text()))
-            self.per_file.update(kbh.file_headers(repo_id, tree.name, files, self.prefix))
-        self.log: list[Logged] = []
-        stand_in = self
+    def __init__(self, layout: Path) -> None:
+        self.layout = layout.resolve()
+        self.asked: list[Asked] = []
+        hub = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -104,125 +102,57 @@ class MirrorStandIn:
             def log_message(self, *args) -> None:
                 pass
 
-            def do_HEAD(self) -> None:
-                stand_in.answer(self, head=True)
-
             def do_GET(self) -> None:
-                stand_in.answer(self, head=False)
+                hub.answer(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        # HF_ENDPOINT: the clients append /api/... and /ORG/NAME/resolve/... to it as text.
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}{self.prefix}"
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
 
-    def answer(self, handler: BaseHTTPRequestHandler, head: bool) -> None:
-        path = urllib.parse.unquote(urllib.parse.urlsplit(handler.path).path)  # nginx's $uri
-        matched = kbh.match_rule(path, self.rules)
-        file = (self.root / path.lstrip("/")).resolve()
-        rule = matched[0].name if matched else None
-        requested_range = handler.headers.get("Range")
-        if matched is None or not file.is_relative_to(self.root) or not file.is_file():
-            headers = kbh.rule_headers(matched[0].not_found_headers, matched[1]) if matched else []
-            return self.send(handler, head, Logged(handler.command, handler.path, rule, 404, requested_range), headers)
-        found_rule, groups = matched
-        stat = file.stat()
-        headers = [
-            *kbh.rule_headers(found_rule.headers, groups),
-            *self.per_file.get(path, {}).items(),
-            ("Content-Type", found_rule.content_type or "application/octet-stream"),
-            ("ETag", f'"{int(stat.st_mtime):x}-{stat.st_size:x}"'),  # nginx's own
-            ("Last-Modified", formatdate(stat.st_mtime, usegmt=True)),
-        ]
-        start, end, status = 0, stat.st_size - 1, 200
-        if found_rule.byte_ranges:
-            headers.append(("Accept-Ranges", "bytes"))
-            if requested_range and requested_range.startswith("bytes="):
-                first, _, last = requested_range[6:].partition("-")
-                start, end, status = int(first), min(int(last or end), end), 206
-                if start >= stat.st_size:
-                    headers.append(("Content-Range", f"bytes */{stat.st_size}"))
-                    entry = Logged(handler.command, handler.path, rule, 416, requested_range)
-                    return self.send(handler, head, entry, headers)
-                headers.append(("Content-Range", f"bytes {start}-{end}/{stat.st_size}"))
-        entry = Logged(handler.command, handler.path, rule, status, requested_range)
-        self.send(handler, head, entry, headers, (file, start, end - start + 1))
+    def file_for(self, requested: str) -> Path | None:
+        if not any(pattern.fullmatch(requested) for pattern in HUB_REQUESTS):
+            return None
+        file = (self.layout / urllib.parse.unquote(urllib.parse.urlsplit(requested).path).lstrip("/")).resolve()
+        return file if file.is_relative_to(self.layout) and file.is_file() else None
 
-    def send(self, handler, head: bool, entry: Logged, headers, body: tuple[Path, int, int] | None = None) -> None:
-        self.log.append(entry)
-        handler.send_response(entry.status)
-        for name, value in headers:
-            if name not in self.drop:
-                handler.send_header(name, value)
-        handler.send_header("Content-Length", str(body[2] if body else 0))
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        requested_range = handler.headers.get("Range")
+        file = self.file_for(handler.path)
+        size = file.stat().st_size if file else 0
+        start = 0
+        if file is None:
+            status, headers = 404, {}
+        elif requested_range is None:
+            status, headers = 200, {}
+        elif (asked := re.fullmatch(r"bytes=(\d+)-", requested_range)) and int(asked[1]) < size:
+            start = int(asked[1])
+            status, headers = 206, {"Content-Range": f"bytes {start}-{size - 1}/{size}"}
+        else:
+            status, headers = 416, {"Content-Range": f"bytes */{size}"}
+        self.asked.append(Asked(handler.path, status, requested_range))
+        handler.send_response(status)
+        for name, value in headers.items():
+            handler.send_header(name, value)
+        handler.send_header("Content-Length", str(size - start if status in (200, 206) else 0))
         handler.end_headers()
-        if head or body is None:
-            return
-        file, start, length = body
-        with file.open("rb") as handle:
-            handle.seek(start)
-            while length > 0 and (block := handle.read(min(length, 1 << 20))):
-                handler.wfile.write(block)
-                length -= len(block)
+        if file is not None and status in (200, 206):
+            with file.open("rb") as handle:
+                handle.seek(start)
+                shutil.copyfileobj(handle, handler.wfile)
 
 
 @contextmanager
-def serving(docroot: Path, prefix: str = "", drop: frozenset[str] = frozenset()) -> Iterator[MirrorStandIn]:
-    stand_in = MirrorStandIn(docroot, prefix, drop)
+def static_hub(layout: Path) -> Iterator[StaticHub]:
+    hub = StaticHub(layout)
     try:
-        yield stand_in
+        yield hub
     finally:
-        stand_in.close()
-
-
-# ----------------------------------------------------------------------------------------- hf, the client
-
-
-def hf_env(endpoint: str, home: Path) -> dict[str, str]:
-    """The environment the checkpoint role gives hf download, pointed at `endpoint`; HF_HUB_OFFLINE unset."""
-    env = {key: value for key, value in os.environ.items() if key not in HF_ENV_DROP}
-    return {
-        **env,
-        "HF_ENDPOINT": endpoint,
-        "HF_HOME": str(home),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        # Else hf asks pypi.org for a newer version once a day (cli/_cli_utils.py: check_cli_update).
-        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-        "NO_COLOR": "1",
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-    }
-
-
-def run_hf(hf: Path, endpoint: str, home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(hf), *args], env=hf_env(endpoint, home), capture_output=True, text=True, timeout=300, check=False
-    )
-
-
-def local_files(directory: Path) -> set[str]:
-    """Files of an hf --local-dir, without hf's own metadata folder."""
-    return {
-        path.relative_to(directory).as_posix()
-        for path in directory.rglob("*")
-        if path.is_file() and ".cache" not in path.relative_to(directory).parts
-    }
-
-
-@pytest.fixture(scope="module")
-def tools_hf() -> Path:
-    from labctl import mirrors_hf, settings
-
-    cache = settings.load_settings().cache
-    python = mirrors_hf.existing_tools_python(cache)
-    if python is None or not (python.parent / "hf").exists():
-        pytest.skip(f"no lab tools venv (olah, hf) under {cache}: lab/lab build, or set KIMI_LAB_CACHE")
-    return python.parent / "hf"
+        hub.close()
 
 
 # ------------------------------------------------------------------------------------------ the lab's olah
@@ -278,9 +208,10 @@ def lab_build(lab_hf, tmp_path_factory) -> LabBuild:
 
 
 @pytest.fixture(scope="module")
-def lab_mirror(lab_build) -> Iterator[MirrorStandIn]:
-    with serving(lab_build.layout.parent, "/hf") as stand_in:
-        yield stand_in
+def lab_hub(lab_build) -> Iterator[StaticHub]:
+    """The third build's layout as a Hub-like source, once olah is gone."""
+    with static_hub(lab_build.layout) as hub:
+        yield hub
 
 
 def by_repo_path(fetch: kbh.CheckpointFetch) -> dict[str, kbh.LayoutFile]:
@@ -330,97 +261,27 @@ def test_damaged_files_are_found_and_fetched_again(lab_build):
         assert item.sha256 == first[path].sha256 == sha256_of(lab_build.layout / item.path)
 
 
-def downloaded_checkpoint(lab_build: LabBuild, tools_hf: Path, endpoint: str, tmp_path: Path, server: str) -> Path:
-    """`hf download` of the lab's checkpoint from `endpoint` into a new --local-dir: every file, the layout's bytes."""
-    hf, target = lab_build.hf, tmp_path / "checkpoint"
-    with timed(f"lab: hf download from {server}"):
-        done = run_hf(tools_hf, endpoint, tmp_path / "hf-home", "download", hf["repo_id"], "--revision",
-                      hf["revision"], "--local-dir", str(target))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    expected = by_repo_path(lab_build.third)
-    assert local_files(target) == set(expected)
-    for path, item in expected.items():
-        assert sha256_of(target / path) == item.sha256, path
-    return target
-
-
-def test_hf_download_gets_every_file_from_the_layout(lab_build, lab_mirror, tools_hf, tmp_path):
-    hf = lab_build.hf
-    lab_mirror.log.clear()
-    target = downloaded_checkpoint(lab_build, tools_hf, lab_mirror.endpoint, tmp_path, "the stand-in")
-    expected = by_repo_path(lab_build.third)
-    # The tree once, a HEAD and a GET per file, every answer a 200; besides, hf's CLI asks for the agent
-    # registry once (utils/_detect_agent.py, best effort: a 404 is ignored), which has no rule.
-    registry = lab_mirror.prefix + AGENT_REGISTRY
-    log = [entry for entry in lab_mirror.log if entry.path != registry]
-    assert [(entry.method, entry.status) for entry in lab_mirror.log if entry.path == registry] == [("GET", 404)]
-    asked = [(entry.method, entry.rule, entry.status) for entry in log]
-    assert set(asked) == {("GET", "resolve", 200), ("GET", "tree", 200), ("HEAD", "resolve", 200)}, log
-    assert asked.count(("GET", "tree", 200)) == 1
-    assert asked.count(("HEAD", "resolve", 200)) == asked.count(("GET", "resolve", 200)) == len(expected)
-
-    with timed("lab: hf cache verify against the stand-in"):
-        verified = run_hf(tools_hf, lab_mirror.endpoint, tmp_path / "hf-home", "cache", "verify", hf["repo_id"],
-                          "--revision", hf["revision"], "--local-dir", str(target))  # fmt: skip
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-
-
-@pytest.mark.parametrize(
-    ("drop", "error"),
-    [
-        ({"X-Repo-Commit"}, "is missing the 'X-Repo-Commit' header"),
-        ({"X-Linked-Etag", "ETag"}, "Distant resource does not have an ETag"),
-        ({"X-Linked-Etag", "X-Linked-Size"}, None),  # nginx's own ETag and Content-Length do
-    ],
-)
-def test_which_headers_hf_cannot_do_without(lab_build, tools_hf, tmp_path, drop, error):
-    hf = lab_build.hf
-    with serving(lab_build.layout.parent, "/hf", frozenset(drop)) as stand_in:
-        done = run_hf(tools_hf, stand_in.endpoint, tmp_path / "hf-home", "download", hf["repo_id"], "--revision",
-                      hf["revision"], "--local-dir", str(tmp_path / "checkpoint"))  # fmt: skip
-    if error is None:
-        assert done.returncode == 0, done.stderr[-3000:]
-    else:
-        assert done.returncode != 0 and error in done.stderr, done.stderr[-3000:]
-
-
-def test_the_roles_module_lists_what_the_bundle_holds(lab_build, lab_mirror, tmp_path):
-    hf = lab_build.hf
-    arguments = {"repo_id": hf["repo_id"], "revision": hf["revision"], "endpoint": lab_mirror.endpoint}
-    with timed("lab: kimi_hf_repo_files against the stand-in"):
-        ok, result = run_module(tmp_path, "kimi_hf_repo_files", arguments)
-    assert ok, result
-    assert result["files"] == [asdict(repo_file) for repo_file in lab_build.third.repo_files]
-    assert {entry["path"]: entry["size"] for entry in result["files"]} == hf["files"]
-    assert (result["revision"], result["total_bytes"]) == (hf["revision"], hf["total_bytes"])
-
-    ok, refused = run_module(tmp_path, "kimi_hf_repo_files", {**arguments, "revision": "0" * 40})
-    assert not ok
-    assert "the revision does not exist in the repository" in refused["msg"]
-    assert f"{hf['repo_id']} at {'0' * 40} is not in this offline mirror" in refused["msg"]
-
-
-def test_a_new_layout_links_what_another_holds(lab_build, lab_mirror, tmp_path):
+def test_a_new_layout_links_what_another_holds(lab_build, lab_hub, tmp_path):
     hf, layout = lab_build.hf, tmp_path / "hf"
     fetch = kbh.fetch_checkpoint(
-        lab_mirror.endpoint, hf["repo_id"], hf["revision"], [], [], layout, reuse_dirs=[lab_build.layout]
+        lab_hub.endpoint, hf["repo_id"], hf["revision"], [], [], layout, reuse_dirs=[lab_build.layout]
     )
     assert fetch.fetched_bytes == 0 and {item.how for item in fetch.files} == {kbh.LINKED}
     for item in fetch.files:
         assert (layout / item.path).stat().st_ino == (lab_build.layout / item.path).stat().st_ino
-    # Served back by the stand-in, the layout's answers are the source's.
+    # The layout's answers are the source's, as the stand-in served them from the other layout.
     for document in fetch.documents:
         assert (layout / document.path).read_bytes() == (lab_build.layout / document.path).read_bytes()
 
 
-def test_a_pin_bump_takes_the_old_revisions_files_and_drops_them(lab_build, lab_mirror, tmp_path):
+def test_a_pin_bump_takes_the_old_revisions_files_and_drops_them(lab_build, lab_hub, tmp_path):
     hf, layout, old = lab_build.hf, tmp_path / "hf", "1" * 40
     shutil.copytree(lab_build.layout, layout)
     repo_dir = layout / hf["repo_id"] / "resolve"
     (repo_dir / hf["revision"]).rename(repo_dir / old)
     for document in lab_build.third.documents:
         (layout / document.path).rename((layout / document.path).with_name(old))
-    fetch = kbh.fetch_checkpoint(lab_mirror.endpoint, hf["repo_id"], hf["revision"], [], [], layout)
+    fetch = kbh.fetch_checkpoint(lab_hub.endpoint, hf["repo_id"], hf["revision"], [], [], layout)
     assert fetch.fetched_bytes == 0 and {item.how for item in fetch.files} == {kbh.LINKED}
     assert sorted(fetch.removed) == sorted(
         [f"{hf['repo_id']}/resolve/{old}/{path}" for path in hf["files"]]
@@ -429,18 +290,19 @@ def test_a_pin_bump_takes_the_old_revisions_files_and_drops_them(lab_build, lab_
     assert not (repo_dir / old).exists()
 
 
-def test_an_interrupted_download_is_continued_with_a_range(lab_build, lab_mirror, tmp_path):
+def test_an_interrupted_download_is_continued_with_a_range(lab_build, lab_hub, tmp_path):
     hf, layout = lab_build.hf, tmp_path / "hf"
     largest = max(lab_build.third.repo_files, key=lambda repo_file: repo_file.size)
     half = largest.size // 2
     partial = layout / kbh.PARTIAL_DIR / kbh.partial_name(largest, hf["revision"])
     partial.parent.mkdir(parents=True)
     partial.write_bytes((lab_build.layout / by_repo_path(lab_build.third)[largest.path].path).read_bytes()[:half])
-    lab_mirror.log.clear()
-    fetch = kbh.fetch_checkpoint(lab_mirror.endpoint, hf["repo_id"], hf["revision"], [], [], layout)
+    lab_hub.asked.clear()
+    fetch = kbh.fetch_checkpoint(lab_hub.endpoint, hf["repo_id"], hf["revision"], [], [], layout)
     assert fetch.resumed_bytes == half
     assert fetch.fetched_bytes == hf["total_bytes"] - half
-    assert [entry.range for entry in lab_mirror.log if entry.range] == [f"bytes={half}-"]
+    ranged = [(entry.status, entry.range) for entry in lab_hub.asked if entry.range]
+    assert ranged == [(206, f"bytes={half}-")]
     assert by_repo_path(fetch)[largest.path].sha256 == by_repo_path(lab_build.third)[largest.path].sha256
     assert not partial.parent.exists()
 
@@ -635,64 +497,31 @@ def test_an_unknown_revision_or_a_missing_token_is_named(fake_hub, tmp_path):
         kbh.fetch_checkpoint(fake_hub.url, FAKE_REPO, FAKE_SHA, [], [], tmp_path / "hf")
 
 
-def test_hf_downloads_the_hub_layout_and_keeps_a_file_it_can_hash(fake_hub, tools_hf, tmp_path):
-    layout = tmp_path / "hf"
-    fetch = fetch_fake(fake_hub, layout)
-    target = tmp_path / "checkpoint"
-    # A copy of the shard already there without hf's metadata (rsync'ed by an operator): X-Linked-Etag is its
-    # sha256, so hf hashes and keeps it instead of fetching it again.
-    (target / "weights").mkdir(parents=True)
-    (target / "weights/model.safetensors").write_bytes(WEIGHTS)
-    with serving(layout) as stand_in:
-        done = run_hf(tools_hf, stand_in.endpoint, tmp_path / "hf-home", "download", FAKE_REPO, "--revision", FAKE_SHA,
-                      "--local-dir", str(target))  # fmt: skip
-        log = list(stand_in.log)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert local_files(target) == {"config.json", "config-copy.json", "weights/model.safetensors"}  # no extra.bin
-    for item in fetch.files:
-        assert sha256_of(target / item.repo_path) == item.sha256
-    gets = [entry.path for entry in log if entry.method == "GET" and entry.rule == "resolve"]
-    assert sorted(gets) == [f"/{FAKE_REPO}/resolve/{FAKE_SHA}/{name}" for name in ("config-copy.json", "config.json")]
-
-
-def test_why_the_layout_drops_xet_hashes(fake_hub, tools_hf, tmp_path):
-    """The same layout with the source's xetHash left in: hf (with hf_xet) skips the HEAD and asks for a xet
-    token the static mirror cannot give. This is the control for servable_tree."""
-    layout = tmp_path / "hf"
-    fetch_fake(fake_hub, layout)
-    source = [entry for page in fake_tree() for entry in page][:4]
-    (layout / kbh.tree_path(FAKE_REPO, FAKE_SHA)).write_text(json.dumps(source))
-    with serving(layout) as stand_in:
-        done = run_hf(tools_hf, stand_in.endpoint, tmp_path / "hf-home", "download", FAKE_REPO, "--revision", FAKE_SHA,
-                      "--local-dir", str(tmp_path / "checkpoint"))  # fmt: skip
-        log = list(stand_in.log)
-    assert done.returncode != 0
-    assert any("/xet-read-token/" in entry.path and entry.status == 404 for entry in log), log
-
-
 # ------------------------------------------------------------------------- the role's nginx, for real
 
-SITE_TEMPLATE = Path(__file__).resolve().parents[2] / "roles" / "offline_mirror" / "templates" / "kimi-bundle.conf.j2"
+SITE_TEMPLATE = ROOT / "roles" / "offline_mirror" / "templates" / "kimi-bundle.conf.j2"
+FETCH_PROGRAM = ROOT / "roles" / "checkpoint" / "files" / "kimi-checkpoint-fetch.py"
+# What the mirror sent while it imitated the Hub; it sends none of them now.
+HUB_HEADERS = {"x-repo-commit", "x-linked-etag", "x-linked-size", "x-error-code", "x-error-message"}
 
 
 @dataclass(frozen=True)
 class Nginx:
-    """The offline_mirror role's site, rendered from its template with the bundle's header rows as the role
-    computes them (kimi.k2.hf_mirror_headers), served by Debian's nginx from the lab's apt mirror."""
+    """The offline_mirror role's site, rendered from its template for the bundle's checkpoint as the role reads
+    it from the manifest (offline_mirror_checkpoint), served by Debian's nginx from the lab's apt mirror."""
 
-    endpoint: str
     base: str
     access_log: Path
     site: str
 
-    def requests(self) -> list[tuple[str, str, int]]:
-        """(method, uri, status) of every request so far."""
+    def requests(self) -> list[tuple[str, str, int, str]]:
+        """(method, uri, status, Range or "-") of every request so far."""
         lines = self.access_log.read_text().splitlines()
-        return [(method, uri, int(status)) for method, uri, status in (line.split(" ") for line in lines)]
+        return [
+            (method, uri, int(status), ranged) for method, uri, status, ranged in (line.split(" ") for line in lines)
+        ]
 
-    def ask(self, path: str, method: str = "HEAD", headers: dict | None = None):
-        import urllib.request
-
+    def ask(self, path: str, method: str = "GET", headers: dict | None = None):
         request = urllib.request.Request(self.base + path, method=method, headers=headers or {})
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
@@ -722,16 +551,13 @@ def render_site(context: dict) -> str:
     return environment.from_string(SITE_TEMPLATE.read_text()).render(context)
 
 
-def header_rows(tree: list[dict], repo_id: str, revision: str) -> list[dict[str, str]]:
-    """The rows as the role computes them: its kimi.k2.hf_mirror_headers filter, loaded from its file."""
-    import importlib.util
-
-    path = SITE_TEMPLATE.parents[3] / "plugins" / "filter" / "kimi_bundle.py"
-    spec = importlib.util.spec_from_file_location("kimi_bundle_filter", path)
+def fetch_program() -> ModuleType:
+    """The checkpoint role's kimi-checkpoint-fetch.py, loaded from its file."""
+    spec = importlib.util.spec_from_file_location("kimi_checkpoint_fetch", FETCH_PROGRAM)
     assert spec is not None and spec.loader is not None
-    bundle_filter = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bundle_filter)
-    return bundle_filter.hf_mirror_headers(tree, repo_id, revision)
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    return program
 
 
 @pytest.fixture(scope="module")
@@ -745,7 +571,6 @@ def nginx_site(root: Path, bundle: Path, repo_id: str, revision: str, work: Path
     by nginx in the foreground in one process (no worker user to switch to); stopped by its pid."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    tree = json.loads((bundle / kbh.HF_DIR / kbh.tree_path(repo_id, revision)).read_text())
     # The role's layout: nginx's root is the current link to a release, the bundle directory holding hf/.
     (work / "current").symlink_to(bundle)
     site = render_site(
@@ -754,14 +579,11 @@ def nginx_site(root: Path, bundle: Path, repo_id: str, revision: str, work: Path
             "offline_mirror_listen_host": "127.0.0.1",
             "kimi_offline_mirror_port": port,
             "offline_mirror_current": str(work / "current"),
-            "offline_mirror_url": f"http://127.0.0.1:{port}",
-            "offline_mirror_hf": {
-                "repo_id": repo_id,
-                "revision": revision,
-                "headers": header_rows(tree, repo_id, revision),
-            },
+            # The manifest's built_for.checkpoint, as the role reads it.
+            "offline_mirror_checkpoint": {"repo_id": repo_id, "revision": revision},
         }
     )
+    assert "location /hf/ {" in site
     (work / "site.conf").write_text(site)
     access_log = work / "access.log"
     (work / "tmp").mkdir()
@@ -777,9 +599,9 @@ http {{
     default_type application/octet-stream;
     client_body_temp_path {work}/tmp/body;
 {temp_paths}
-    log_format kimi '$request_method $uri $status';
+    log_format kimi '$request_method $uri $status $http_range';
     access_log {access_log} kimi;
-    # Debian's nginx.conf has gzip on: the checkpoint's locations must turn it off for what they serve.
+    # Debian's nginx.conf has gzip on: the checkpoint's location must turn it off for what it serves.
     gzip on;
     gzip_types application/json text/plain;
     include {work}/site.conf;
@@ -798,87 +620,78 @@ http {{
                     break
             assert process.poll() is None and time.monotonic() < deadline, (work / "error.log").read_text()
             time.sleep(0.1)
-        base = f"http://127.0.0.1:{port}"
-        yield Nginx(f"{base}/hf", base, access_log, site)
+        yield Nginx(f"http://127.0.0.1:{port}", access_log, site)
     finally:
         process.terminate()  # this pid only
         process.wait(timeout=15)
 
 
-@pytest.fixture(scope="module")
-def lab_nginx(lab_build, nginx_root, tmp_path_factory) -> Iterator[Nginx]:
-    hf = lab_build.hf
-    work = tmp_path_factory.mktemp("lab-nginx")
-    with nginx_site(nginx_root, lab_build.layout.parent, hf["repo_id"], hf["revision"], work) as nginx:
-        yield nginx
+def test_nginx_serves_the_layout_as_plain_files_to_the_fetch_program(lab_build, nginx_root, tmp_path, capsys):
+    hf, program = lab_build.hf, fetch_program()
+    repo_id, revision = hf["repo_id"], hf["revision"]
+    in_layout = {item.repo_path: lab_build.layout / item.path for item in lab_build.third.files}
+    # The list the role writes for the program from the manifest: URL on the mirror, path, size.
+    listed = tmp_path / "files.json"
+    with nginx_site(nginx_root, lab_build.layout.parent, repo_id, revision, tmp_path / "nginx") as nginx:
+        mirror_url = nginx.base + "/"
+        files = [
+            {"url": kbc.file_url(mirror_url, repo_id, revision, item.path), "path": item.path, "size": item.size}
+            for item in lab_build.third.repo_files
+        ]
+        listed.write_text(json.dumps(files))
+        # A node's earlier run was cut halfway through the largest file.
+        target = tmp_path / "checkpoint"
+        largest = max(lab_build.third.repo_files, key=lambda repo_file: repo_file.size)
+        half = largest.size // 2
+        partial = program.partial_path(target, largest.path)
+        partial.parent.mkdir(parents=True)
+        partial.write_bytes(in_layout[largest.path].read_bytes()[:half])
 
+        with timed("lab: kimi-checkpoint-fetch.py from the role's nginx"):
+            assert program.main(["kimi-checkpoint-fetch.py", str(listed), str(target)]) == 0
+        assert f"fetched {len(files)} of {len(files)} files" in capsys.readouterr().out.splitlines()
+        for path, source in in_layout.items():
+            assert (target / path).read_bytes() == source.read_bytes(), path
+        assert not partial.exists()
+        # One GET per file, a 200 with the whole file; the partial's rest asked from its end and sent as a 206.
+        uri = {path: f"/hf/{kbh.resolve_path(repo_id, revision, path)}" for path in in_layout}
+        expected = [("GET", uri[path], 200, "-") for path in in_layout if path != largest.path]
+        expected.append(("GET", uri[largest.path], 206, f"bytes={half}-"))
+        assert sorted(nginx.requests()) == sorted(expected)
+        # Run again, it finds every file at its size and asks nothing.
+        assert program.main(["kimi-checkpoint-fetch.py", str(listed), str(target)]) == 0
+        assert len(nginx.requests()) == len(expected)
 
-def test_nginx_serves_the_layout_to_hf_download_by_the_rules(lab_build, lab_nginx, tools_hf, tmp_path):
-    hf = lab_build.hf
-    target = downloaded_checkpoint(lab_build, tools_hf, lab_nginx.endpoint, tmp_path, "the role's nginx")
-    verified = run_hf(tools_hf, lab_nginx.endpoint, tmp_path / "hf-home", "cache", "verify", hf["repo_id"],
-                      "--revision", hf["revision"], "--local-dir", str(target))  # fmt: skip
-    assert verified.returncode == 0, verified.stdout + verified.stderr
+        # A file as it is, whatever the client accepts, and no Hub header.
+        status, headers, body = nginx.ask(uri[largest.path], headers={"Accept-Encoding": "gzip"})
+        assert (status, body) == (200, in_layout[largest.path].read_bytes())
+        assert not {name.lower() for name in headers} & (HUB_HEADERS | {"content-encoding"}), headers
+        status, headers, _ = nginx.ask(uri[largest.path], "HEAD")
+        assert (status, headers["Content-Length"]) == (200, str(largest.size))
+        # The JSON the builder kept under hf/api/ is a static file like the others.
+        for document in lab_build.third.documents:
+            status, headers, body = nginx.ask(f"/hf/{document.path}", headers={"Accept-Encoding": "gzip"})
+            assert (status, body) == (200, (lab_build.layout / document.path).read_bytes()), document.path
+            assert not {name.lower() for name in headers} & (HUB_HEADERS | {"content-encoding"}), headers
 
-    # The answers hf relies on, as the stand-in gives them (kbh.server_rules, kbh.file_headers).
-    shard = max(lab_build.third.repo_files, key=lambda repo_file: repo_file.size)
-    uri = f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], shard.path)}"
-    status, headers, _ = lab_nginx.ask(uri, headers={"Accept-Encoding": "gzip"})
-    assert status == 200
-    assert headers["X-Repo-Commit"] == hf["revision"]
-    assert headers["X-Linked-Etag"] == f'"{shard.sha256 or shard.git_oid}"'
-    assert (headers["X-Linked-Size"], headers["Content-Length"]) == (str(shard.size), str(shard.size))
-    assert "Content-Encoding" not in headers
-    status, headers, body = lab_nginx.ask(uri, "GET", {"Range": "bytes=10-19"})
-    assert (status, headers["Content-Range"], len(body)) == (206, f"bytes 10-19/{shard.size}", 10)
-    tree_uri = f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}"
-    status, headers, body = lab_nginx.ask(tree_uri, "GET", {"Accept-Encoding": "gzip"})
-    assert (status, headers["Content-Type"], "Content-Encoding" in headers) == (200, "application/json", False)
-    assert json.loads(body) == json.loads((lab_build.layout.parent / tree_uri[1:]).read_text())
-
-
-def test_nginx_names_what_it_does_not_hold_as_the_hub_does(lab_build, lab_nginx, tmp_path):
-    hf = lab_build.hf
-    other = "f" * 40
-    status, headers, _ = lab_nginx.ask(f"/hf/{kbh.resolve_path(hf['repo_id'], hf['revision'], 'nope.bin')}")
-    assert status == 404
-    assert (headers["X-Error-Code"], headers["X-Repo-Commit"]) == ("EntryNotFound", hf["revision"])
-    assert headers["X-Error-Message"] == f"{hf['repo_id']} at {hf['revision']} is not in this offline mirror"
-    status, headers, _ = lab_nginx.ask(f"/hf/{kbh.tree_path(hf['repo_id'], other)}", "GET")
-    assert (status, headers["X-Error-Code"]) == (404, "RevisionNotFound")
-    # The role's own module reads those words.
-    arguments = {"repo_id": hf["repo_id"], "revision": other, "endpoint": lab_nginx.endpoint}
-    ok, refused = run_module(tmp_path, "kimi_hf_repo_files", arguments)
-    assert not ok and f"{hf['repo_id']} at {other} is not in this offline mirror" in refused["msg"], refused
-    ok, listed = run_module(tmp_path, "kimi_hf_repo_files", {**arguments, "revision": hf["revision"]})
-    assert ok and listed["files"] == [asdict(repo_file) for repo_file in lab_build.third.repo_files], listed
-    # Nothing else under /hf/: no other API, no directory, no listing; and nothing but GET and HEAD.
-    for path in (
-        f"/hf/api/models/{hf['repo_id']}/xet-read-token/{hf['revision']}",
-        f"/hf/{hf['repo_id']}/resolve/{hf['revision']}/",
-        "/hf/api/models/",
-        "/hf/",
-    ):
-        status, headers, _ = lab_nginx.ask(path, "GET")
-        assert (status, "X-Error-Code" in headers) == (404, False), path
-    status, _, _ = lab_nginx.ask(f"/hf/{kbh.tree_path(hf['repo_id'], hf['revision'])}", "POST")
-    assert status == 403
-
-
-def test_nginx_lets_hf_keep_a_file_a_node_holds_already(fake_hub, nginx_root, tools_hf, tmp_path):
-    """The fake Hub's layout (its shard is an LFS file) behind the role's nginx: a copy of the shard a node holds
-    already (rsync'ed, without hf's metadata) is hashed against X-Linked-Etag and kept, as with the Hub; the
-    small files, whose etag is a git blob id hf cannot check, are fetched."""
-    bundle = tmp_path / "bundle"
-    fetch_fake(fake_hub, bundle / kbh.HF_DIR)
-    target = tmp_path / "checkpoint"
-    (target / "weights").mkdir(parents=True)
-    (target / "weights/model.safetensors").write_bytes(WEIGHTS)
-    with nginx_site(nginx_root, bundle, FAKE_REPO, FAKE_SHA, tmp_path / "nginx") as nginx:
-        done = run_hf(tools_hf, nginx.endpoint, tmp_path / "hf-home", "download", FAKE_REPO, "--revision", FAKE_SHA,
-                      "--local-dir", str(target))  # fmt: skip
-        requests = nginx.requests()
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert sha256_of(target / "weights/model.safetensors") == WEIGHTS_SHA256
-    gets = sorted(uri.rsplit("/", 1)[1] for method, uri, _ in requests if method == "GET" and "/resolve/" in uri)
-    assert gets == ["config-copy.json", "config.json"], requests
+        # Files only: a directory, a file the bundle does not hold, another revision are 404, without Hub codes.
+        for path in (
+            f"/hf/{repo_id}/resolve/{revision}/",
+            f"/hf/{repo_id}/resolve/{revision}",
+            f"/hf/api/models/{repo_id}/tree/",
+            "/hf/api/models/",
+            "/hf/",
+            f"/hf/{kbh.resolve_path(repo_id, revision, 'nope.bin')}",
+            f"/hf/{kbh.resolve_path(repo_id, 'f' * 40, largest.path)}",
+            f"/hf/{kbh.tree_path(repo_id, 'f' * 40)}",
+        ):
+            status, headers, _ = nginx.ask(path)
+            assert status == 404, path
+            assert not {name.lower() for name in headers} & HUB_HEADERS, (path, headers)
+        missing = kbc.file_url(mirror_url, repo_id, revision, "nope.bin")
+        with pytest.raises(program.FetchError, match=r"answered 404 Not Found$"):
+            program.fetch(missing, tmp_path / "other", "nope.bin", 1)
+        # Read-only: GET and HEAD, nothing else.
+        for method in ("POST", "PUT", "DELETE"):
+            status, _, _ = nginx.ask(uri[largest.path], method)
+            assert status == 403, method
