@@ -52,6 +52,7 @@ def test_the_mirror_groups_host_is_every_nodes_one_source(tmp_path):
         "checkpoint_pip_trusted_hosts": ["10.99.0.5"],
         # The bundle does not carry the checkpoint (kimi_bundle_checkpoint false): the Hub, as before.
         "checkpoint_hf_endpoint": "https://huggingface.co",
+        "checkpoint_from_bundle": False,
     }
     assert resolved == {"node1": expected, "node2": expected}
 
@@ -61,7 +62,9 @@ def test_a_serving_node_can_be_the_mirror_on_its_own_port_and_serve_the_checkpoi
     extravars = {"kimi_offline_mirror_port": "8099", "kimi_bundle_checkpoint": "true"}
     resolved = resolve(tmp_path, {"node1": None}, extravars)
     assert {node["nvidia_repo_url"] for node in resolved.values()} == {"http://10.99.0.11:8099/apt/"}
-    assert {node["checkpoint_hf_endpoint"] for node in resolved.values()} == {"http://10.99.0.11:8099/hf"}
+    # The checkpoint comes from the mirror's hf/ as plain files (the manifest lists them), not from a Hub endpoint.
+    assert {node["checkpoint_from_bundle"] for node in resolved.values()} == {True}
+    assert {node["checkpoint_hf_endpoint"] for node in resolved.values()} == {"https://huggingface.co"}
 
 
 def test_without_a_mirror_the_sources_are_nvidias_repository_and_pypi(tmp_path):
@@ -69,6 +72,7 @@ def test_without_a_mirror_the_sources_are_nvidias_repository_and_pypi(tmp_path):
     resolved = resolve(tmp_path, None, {"ansible_facts": facts, "kimi_bundle_checkpoint": True})
     for sources in resolved.values():
         assert sources["checkpoint_hf_endpoint"] == "https://huggingface.co"
+        assert sources["checkpoint_from_bundle"] is False
         assert sources["kimi_offline_mirror_url"] == ""
         assert (
             sources["nvidia_repo_url"] == "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/"
