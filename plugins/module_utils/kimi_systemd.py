@@ -2,7 +2,7 @@
 decision and the verify role (one unit's properties, through the `kimi.k2.systemctl_show` filter), and the
 start times `--timestamp=unix` prints ('@1795997000').
 
-Pure stdlib and free of package-relative imports: kimi_drift and kimi_serve import it, a module built on them may
+Pure stdlib and free of package-relative imports: kimi_drift_rules and kimi_serve import it, a module built on them may
 run on a node's own Python, and the vllm_serve role copies this file beside the node's watchdog
 (roles/vllm_serve/files/kimi_watchdog.py), which imports it as a plain module.
 """

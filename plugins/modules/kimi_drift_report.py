@@ -180,13 +180,13 @@ import re
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
-    build_report,
-    parse_changes,
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_record import parse_changes
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_render import (
     render_markdown,
     render_table,
     report_json,
 )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_rules import build_report
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_report_files
 

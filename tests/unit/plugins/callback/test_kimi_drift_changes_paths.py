@@ -7,7 +7,7 @@ import importlib.util
 import sys
 from types import SimpleNamespace
 
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import classify
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_record import classify
 
 from tests.ansible_run import REPO_ROOT
 

@@ -14,26 +14,30 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_checkpoint as ck
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_record import (
     KINDS,
-    build_report,
     change_finding,
-    checkpoint_state,
     classify,
     converge_findings,
-    exit_code,
-    health_state,
-    parity_findings,
     parse_changes,
-    parse_systemctl_show,
     render_diff,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_render import (
     render_markdown,
     render_table,
     report_json,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_drift_rules import (
+    build_report,
+    checkpoint_state,
+    exit_code,
+    health_state,
+    parity_findings,
     service_state,
 )
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_parity import Pins, compare
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_replicas import replica_by_host
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_systemd import parse_systemctl_show
 
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
