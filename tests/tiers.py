@@ -221,7 +221,7 @@ GROUPS: tuple[Group, ...] = (
             "plugins/module_utils/kimi_serve.py",
             "plugins/module_utils/kimi_systemd.py",
             "plugins/module_utils/kimi_rendezvous.py",
-            "plugins/module_utils/kimi_nccl_tests",
+            "plugins/module_utils/kimi_nccl_tests_",
             "tests/local/test_serve_render.py",
             "tests/local/test_watchdog_render.py",
             "tests/local/test_nccl_tests_render.py",

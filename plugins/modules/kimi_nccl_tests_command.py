@@ -189,7 +189,7 @@ variable:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests_launch import (
     NcclTestsInputError,
     launch_spec,
     render,

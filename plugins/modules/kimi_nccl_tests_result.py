@@ -115,7 +115,7 @@ passed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests import verdict
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_nccl_tests_verdict import verdict
 
 ARGUMENT_SPEC = {
     "text": {"type": "str", "required": True},

@@ -1,7 +1,7 @@
-"""plugins/module_utils/kimi_nccl_tests.py: the launcher command (mpirun, torchrun), the all_reduce_perf and NCCL INFO
-parser on recorded outputs (tests/fixtures/nccl_tests/, reconstructed: see its README), the verdict's messages,
-the torch benchmark's output read back by the same parser, and the kimi_nccl_tests_command and
-kimi_nccl_tests_result modules end to end."""
+"""nccl-tests: the launcher command (mpirun, torchrun; plugins/module_utils/kimi_nccl_tests_launch.py, as ntl), the
+all_reduce_perf and NCCL INFO parser on recorded outputs (tests/fixtures/nccl_tests/, reconstructed: see its
+README), the verdict's messages (kimi_nccl_tests_verdict.py, as ntv), the torch benchmark's output read back by
+the same parser, and the kimi_nccl_tests_command and kimi_nccl_tests_result modules end to end."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import re
 from dataclasses import replace
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_nccl_tests as nt
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_nccl_tests_launch as ntl
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_nccl_tests_verdict as ntv
 
 from tests import paths
 from tests.unit.ansible_adhoc import run_module
@@ -29,22 +30,22 @@ def fixture(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def ib() -> dict:
-    return nt.parse_output(fixture("ib-2x8-h100-gdrdma"))
+    return ntv.parse_output(fixture("ib-2x8-h100-gdrdma"))
 
 
 @pytest.fixture(scope="module")
 def socket_run() -> dict:
-    return nt.parse_output(fixture("socket-fallback-2x8-h100"))
+    return ntv.parse_output(fixture("socket-fallback-2x8-h100"))
 
 
 @pytest.fixture(scope="module")
 def wrong() -> dict:
-    return nt.parse_output(fixture("wrong-values-2x8-h100"))
+    return ntv.parse_output(fixture("wrong-values-2x8-h100"))
 
 
 @pytest.fixture(scope="module")
 def truncated() -> dict:
-    return nt.parse_output(fixture("truncated-2x8-h100"))
+    return ntv.parse_output(fixture("truncated-2x8-h100"))
 
 
 # ---------------------------------------------------------------------------------------------- render
@@ -59,13 +60,13 @@ NCCL_IB_GID_INDEX="3"
 TWO = ("gn-h100-node1", "gn-h100-node2")
 ADDRESSES = {"gn-h100-node1": "10.20.0.11", "gn-h100-node2": "10.20.0.12"}
 BINARY = "/opt/nccl-tests/2.19.6/build-nccl2.30.7-1+cuda13.3/all_reduce_perf"
-MPIRUN = nt.LaunchSpec(
+MPIRUN = ntl.LaunchSpec(
     launcher="mpirun",
     hosts_by_rank=TWO,
     host_addresses=ADDRESSES,
     gpus_per_node=8,
     binary=BINARY,
-    env=nt.launch_env(nt.parse_env_file(ENV_FILE)),
+    env=ntl.launch_env(ntl.parse_env_file(ENV_FILE)),
     interface="ib0",
     launcher_path="/usr/bin/mpirun",
     launcher_args=("--bind-to", "none"),
@@ -81,7 +82,7 @@ def exported(argv: list[str]) -> dict[str, str]:
 
 
 def test_mpirun_for_two_nodes_of_eight_gpus():
-    rendered = nt.render(MPIRUN)
+    rendered = ntl.render(MPIRUN)
     assert rendered["run_on"] == ["gn-h100-node1"]
     argv = rendered["commands"]["gn-h100-node1"]
     assert argv[0] == "/usr/bin/mpirun"
@@ -107,7 +108,7 @@ def test_mpirun_for_two_nodes_of_eight_gpus():
 
 
 def test_mpirun_as_root_with_a_time_limit_and_eight_gpus_per_process():
-    argv = nt.render(replace(MPIRUN, allow_run_as_root=True, timeout_s=900, gpus_per_process=8))["commands"][
+    argv = ntl.render(replace(MPIRUN, allow_run_as_root=True, timeout_s=900, gpus_per_process=8))["commands"][
         "gn-h100-node1"
     ]
     assert argv[:4] == ["timeout", "--kill-after=30", "900", "/usr/bin/mpirun"]
@@ -117,24 +118,26 @@ def test_mpirun_as_root_with_a_time_limit_and_eight_gpus_per_process():
 
 
 def test_host_list_follows_node_rank_not_name_order():
-    argv = nt.render(replace(MPIRUN, hosts_by_rank=TWO[::-1]))["commands"]["gn-h100-node2"]
+    argv = ntl.render(replace(MPIRUN, hosts_by_rank=TWO[::-1]))["commands"]["gn-h100-node2"]
     assert value_after(argv, "-H") == "10.20.0.12:8,10.20.0.11:8"
 
 
 def test_extra_env_wins_over_the_file_and_the_debug_settings():
-    env = nt.launch_env(nt.parse_env_file(ENV_FILE), {"NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH", "NCCL_IB_HCA": "=mlx5_0"})
+    env = ntl.launch_env(
+        ntl.parse_env_file(ENV_FILE), {"NCCL_DEBUG_SUBSYS": "INIT,NET,GRAPH", "NCCL_IB_HCA": "=mlx5_0"}
+    )
     assert env["NCCL_DEBUG_SUBSYS"] == "INIT,NET,GRAPH" and env["NCCL_IB_HCA"] == "=mlx5_0"
     assert "GLOO_SOCKET_IFNAME" not in env and env["NCCL_DEBUG"] == "INFO"
 
 
 def test_env_file_syntax():
-    parsed = nt.parse_env_file("# c\n\nexport A_B='x y'\nC=\"1\"\n bad line\nD=a=b\n9X=1\n")
+    parsed = ntl.parse_env_file("# c\n\nexport A_B='x y'\nC=\"1\"\n bad line\nD=a=b\n9X=1\n")
     assert parsed == {"A_B": "x y", "C": "1", "D": "a=b"}
 
 
 def test_torchrun_runs_on_every_node_with_its_node_rank():
     spec = replace(MPIRUN, launcher="torchrun", launcher_path="/opt/vllm/current/bin/torchrun", launcher_args=())
-    rendered = nt.render(replace(spec, binary="/opt/nccl-tests/kimi_allreduce_bench.py"))
+    rendered = ntl.render(replace(spec, binary="/opt/nccl-tests/kimi_allreduce_bench.py"))
     assert rendered["run_on"] == list(TWO)
     for rank, host in enumerate(TWO):
         argv = rendered["commands"][host]
@@ -163,24 +166,24 @@ def test_torchrun_runs_on_every_node_with_its_node_rank():
     ],
 )
 def test_inputs_that_cannot_run_name_their_variable(change, variable):
-    with pytest.raises(nt.NcclTestsInputError) as raised:
-        nt.render(replace(MPIRUN, **change))
+    with pytest.raises(ntl.NcclTestsInputError) as raised:
+        ntl.render(replace(MPIRUN, **change))
     assert raised.value.variable == variable
     assert str(raised.value).startswith(variable + ":")
 
 
 def test_missing_address_says_how_to_fix_it():
-    problems = nt.validate(replace(MPIRUN, host_addresses={"gn-h100-node1": "10.20.0.11"}))
+    problems = ntl.validate(replace(MPIRUN, host_addresses={"gn-h100-node1": "10.20.0.11"}))
     assert len(problems) == 1
     assert "gn-h100-node2 has no address" in str(problems[0]) and "kimi_host_ip" in str(problems[0])
 
 
 def test_sizes_and_version_codes():
-    assert [nt.parse_size(s) for s in ("8", "128K", "1M", "4G", "4g")] == [8, 131072, 1048576, 4 << 30, 4 << 30]
-    assert nt.decode_nccl_version(23007) == "2.30.7"
-    assert nt.decode_nccl_version(22809) == "2.28.9"
-    assert nt.decode_nccl_version(2804) == "2.8.4"
-    assert nt.upstream_version(PIN) == "2.30.7" and nt.upstream_version("2.28.9") == "2.28.9"
+    assert [ntl.parse_size(s) for s in ("8", "128K", "1M", "4G", "4g")] == [8, 131072, 1048576, 4 << 30, 4 << 30]
+    assert ntv.decode_nccl_version(23007) == "2.30.7"
+    assert ntv.decode_nccl_version(22809) == "2.28.9"
+    assert ntv.decode_nccl_version(2804) == "2.8.4"
+    assert ntv.upstream_version(PIN) == "2.30.7" and ntv.upstream_version("2.28.9") == "2.28.9"
 
 
 # ---------------------------------------------------------------------------------------------- IB run
@@ -243,19 +246,19 @@ def test_ib_run_transport_gdrdma_and_versions(ib):
 
 
 def test_ib_run_passes_every_gate_it_meets(ib):
-    assert nt.judge(ib, 250, "IB", PIN, rc=0, expected_ranks=16, require_gdrdma=True) == []
-    assert nt.judge(ib, 0, "RDMA") == []
-    assert nt.judge(ib) == []
+    assert ntv.judge(ib, 250, "IB", PIN, rc=0, expected_ranks=16, require_gdrdma=True) == []
+    assert ntv.judge(ib, 0, "RDMA") == []
+    assert ntv.judge(ib) == []
 
 
 def test_ib_run_below_the_floor(ib):
-    assert nt.judge(ib, 350, "IB", PIN, rc=0, expected_ranks=16) == [
+    assert ntv.judge(ib, 350, "IB", PIN, rc=0, expected_ranks=16) == [
         "avg bus bandwidth 275.615 GB/s is below nccl_tests_min_busbw_gbs 350"
     ]
 
 
 def test_ib_run_against_another_pin_and_rank_count(ib):
-    problems = nt.judge(ib, 0, "", "2.28.9", expected_ranks=32, nccl_source="nvidia-nccl-cu13 wheel")
+    problems = ntv.judge(ib, 0, "", "2.28.9", expected_ranks=32, nccl_source="nvidia-nccl-cu13 wheel")
     assert problems == [
         "16 ranks ran, 32 expected (every GPU of every node in kimi_nodes)",
         "ranks on gn-h100-node1, gn-h100-node2 report NCCL 2.30.7, the pinned nvidia-nccl-cu13 wheel is 2.28.9",
@@ -263,12 +266,12 @@ def test_ib_run_against_another_pin_and_rank_count(ib):
 
 
 def test_ib_run_requiring_roce_names_what_it_got(ib):
-    (problem,) = nt.judge(ib, 0, "RoCE")
+    (problem,) = ntv.judge(ib, 0, "RoCE")
     assert problem.startswith("NCCL used IB, not RoCE")
 
 
 def test_report_lines(ib):
-    lines = nt.report_lines(ib, [], 0)
+    lines = ntv.report_lines(ib, [], 0)
     assert lines[0] == (
         "all_reduce_perf (nccl-tests 2.19.6): 16 ranks on 2 hosts (gn-h100-node1, gn-h100-node2), NVIDIA H100 80GB HBM3"
     )
@@ -290,7 +293,7 @@ def test_socket_fallback_is_seen(socket_run):
 
 
 def test_socket_fallback_fails_naming_the_interface(socket_run):
-    problems = nt.judge(socket_run, 350, "IB", PIN, rc=0, expected_ranks=16)
+    problems = ntv.judge(socket_run, 350, "IB", PIN, rc=0, expected_ranks=16)
     assert problems[0] == "avg bus bandwidth 9.01 GB/s is below nccl_tests_min_busbw_gbs 350"
     assert problems[1].startswith("NCCL used Socket (eth0), not IB: it fell back to TCP sockets on gpu-a01, gpu-a02")
     assert "'NET/IB : No device found' on gpu-a01, gpu-a02" in problems[1]
@@ -298,10 +301,10 @@ def test_socket_fallback_fails_naming_the_interface(socket_run):
 
 
 def test_socket_fallback_fails_rdma_and_gdrdma_but_passes_report_only(socket_run):
-    assert nt.judge(socket_run, 0, "RDMA")[0].startswith("NCCL used Socket (eth0), not RDMA")
-    assert nt.judge(socket_run) == []
-    assert "transport Socket" in nt.report_lines(socket_run, [])[1]
-    assert nt.report_lines(socket_run, [])[1].endswith("over eth0")
+    assert ntv.judge(socket_run, 0, "RDMA")[0].startswith("NCCL used Socket (eth0), not RDMA")
+    assert ntv.judge(socket_run) == []
+    assert "transport Socket" in ntv.report_lines(socket_run, [])[1]
+    assert ntv.report_lines(socket_run, [])[1].endswith("over eth0")
 
 
 # ---------------------------------------------------------------------------------------------- wrong data
@@ -319,7 +322,7 @@ def test_wrong_values_are_counted_per_size(wrong):
 
 
 def test_wrong_values_and_version_skew_are_all_listed(wrong):
-    problems = nt.judge(wrong, 0, "IB", PIN, rc=7, expected_ranks=16)
+    problems = ntv.judge(wrong, 0, "IB", PIN, rc=7, expected_ranks=16)
     assert problems == [
         "the launcher exited with status 7",
         "the all-reduce returned wrong data: 1703940 wrong elements at sizes 256 MiB, 512 MiB, 1 GiB "
@@ -336,7 +339,7 @@ def test_truncated_run(truncated):
     assert [row["size"] for row in truncated["rows"]] == SIZES[:6]
     assert truncated["exit_codes"] == [3]
     assert truncated["warnings"][0].startswith("gn-h100-node2: NET/IB: Got completion from peer 10.20.0.11<52013>")
-    problems = nt.judge(truncated, 350, "IB", PIN, rc=3, expected_ranks=16)
+    problems = ntv.judge(truncated, 350, "IB", PIN, rc=3, expected_ranks=16)
     assert problems[0] == "the launcher exited with status 3"
     assert problems[1].startswith(
         "the run did not finish: no 'Avg bus bandwidth' line after 6 sizes (first error: gn-h100-node2: Test NCCL "
@@ -344,12 +347,12 @@ def test_truncated_run(truncated):
     )
     # No average: the floor is not what failed.
     assert not any("below nccl_tests_min_busbw_gbs" in problem for problem in problems)
-    assert "the run did not finish" in nt.report_lines(truncated, problems, 350)[2]
+    assert "the run did not finish" in ntv.report_lines(truncated, problems, 350)[2]
 
 
 def test_timeout_and_empty_output():
-    summary = nt.parse_output("")
-    problems = nt.judge(summary, 100, "IB", PIN, rc=124, timeout_s=1800)
+    summary = ntv.parse_output("")
+    problems = ntv.judge(summary, 100, "IB", PIN, rc=124, timeout_s=1800)
     assert problems[0] == "the run was stopped after nccl_tests_timeout 1800 s (timeout exit status 124)"
     assert problems[1].endswith("(first error: no error line was printed)")
     assert problems[2].startswith("NCCL's transport is unknown, IB is required")
@@ -362,12 +365,12 @@ def test_mpirun_launch_failure_over_ssh():
         "ORTE was unable to reliably start one or more daemons.\n"
         "This usually is caused by:\n"
     )
-    summary = nt.parse_output(text)
+    summary = ntv.parse_output(text)
     assert summary["failures"] == [
         "Host key verification failed.",
         "ORTE was unable to reliably start one or more daemons.",
     ]
-    assert "first error: Host key verification failed." in nt.judge(summary, rc=1)[1]
+    assert "first error: Host key verification failed." in ntv.judge(summary, rc=1)[1]
 
 
 # ---------------------------------------------------------------------------------------------- other shapes
@@ -386,18 +389,18 @@ n2:200:230 [0] NCCL INFO Channel 00/0 : 2[0] -> 0[0] [send] via NET/IB/0
 
 
 def test_roce_is_told_apart_from_infiniband_by_the_link_layer():
-    summary = nt.parse_output(ROCE)
+    summary = ntv.parse_output(ROCE)
     assert summary["transport"] == "RoCE"
     assert summary["gdrdma"] is True and summary["net_channels"] == 2 and summary["gdrdma_channels"] == 1
-    assert nt.judge(summary, 0, "RDMA") == [] and nt.judge(summary, 0, "RoCE") == []
-    assert nt.judge(summary, 0, "IB")[0].startswith("NCCL used RoCE, not IB")
-    assert "1 of 2 NET channels" not in nt.judge(summary, require_gdrdma=True)
+    assert ntv.judge(summary, 0, "RDMA") == [] and ntv.judge(summary, 0, "RoCE") == []
+    assert ntv.judge(summary, 0, "IB")[0].startswith("NCCL used RoCE, not IB")
+    assert "1 of 2 NET channels" not in ntv.judge(summary, require_gdrdma=True)
 
 
 def test_gdrdma_required_but_absent():
-    summary = nt.parse_output(ROCE.replace("/GDRDMA", ""))
+    summary = ntv.parse_output(ROCE.replace("/GDRDMA", ""))
     assert summary["gdrdma"] is False
-    (problem,) = nt.judge(summary, require_gdrdma=True)
+    (problem,) = ntv.judge(summary, require_gdrdma=True)
     assert problem.startswith("GPUDirect RDMA is not used: 0 of 2 NET channels")
 
 
@@ -406,10 +409,10 @@ def test_one_host_on_sockets_makes_the_run_mixed():
         "n2:200:220 [0] NCCL INFO Using network IB", "n2:200:220 [0] NCCL INFO Using network Socket"
     ).replace("via NET/IB/0\n", "via NET/Socket/0\n")
     text += "n2:200:220 [0] NCCL INFO NET/Socket : Using [0]eth1:192.168.5.2<0>\n"
-    summary = nt.parse_output(text)
+    summary = ntv.parse_output(text)
     assert summary["transport"] == "mixed"
     assert summary["transports_by_host"] == {"n1": "RoCE", "n2": "Socket"}
-    (problem,) = nt.judge(summary, 0, "RDMA")
+    (problem,) = ntv.judge(summary, 0, "RDMA")
     assert problem.startswith("NCCL used Socket (eth1), not RDMA: it fell back to TCP sockets on n2 ")
 
 
@@ -434,7 +437,7 @@ TAGGED_PER_ITERATION = "\n".join(
 
 
 def test_tagged_output_and_per_iteration_columns():
-    summary = nt.parse_output(TAGGED_PER_ITERATION)
+    summary = ntv.parse_output(TAGGED_PER_ITERATION)
     assert summary["rank_count"] == 2 and summary["gpu_models"] == ["NVIDIA H200"]
     assert [row["size"] for row in summary["rows"]] == [8, 16]
     first = summary["rows"][0]
@@ -444,23 +447,23 @@ def test_tagged_output_and_per_iteration_columns():
 
 
 def test_version_banner_without_host_and_an_old_library_code():
-    summary = nt.parse_output(
+    summary = ntv.parse_output(
         "NCCL version 2.27.3+cuda12.9\n# nccl-tests version 2.13.9 nccl-headers=2804 nccl-library=2804\n"
         "# Avg bus bandwidth    : 1.5\n"
     )
     assert summary["nccl_versions"] == {"?": ["2.27.3"]}
     assert summary["nccl_library_version"] == "2.8.4"
-    assert nt.judge(summary, expected_nccl_version="2.27.3") == [
+    assert ntv.judge(summary, expected_nccl_version="2.27.3") == [
         "nccl-tests reports NCCL library 2.8.4, the pinned libnccl2 is 2.27.3"
     ]
     assert (
-        nt.judge(summary, expected_nccl_version="2.30.7")[0]
+        ntv.judge(summary, expected_nccl_version="2.30.7")[0]
         == "ranks report NCCL 2.27.3, the pinned libnccl2 is 2.30.7"
     )
 
 
 def test_lines_that_are_not_rows_are_ignored():
-    summary = nt.parse_output("12 apples and 3 pears sum -1\n  1024  256  float  sum  -1  oops  1  2  0\n")
+    summary = ntv.parse_output("12 apples and 3 pears sum -1\n  1024  256  float  sum  -1  oops  1  2  0\n")
     assert summary["rows"] == []
 
 
@@ -499,7 +502,7 @@ def test_bench_output_reads_back_with_the_same_parser(bench):
         bench.row_line(4 << 20, 1 << 20, 90.0, 46.60, 87.38, 1048576),
     ]
     lines += bench.footer_lines(1, (32.77 + 56.17 + 87.38) / 3)
-    summary = nt.parse_output("\n".join(lines))
+    summary = ntv.parse_output("\n".join(lines))
     assert summary["program"] == "kimi_allreduce_bench" and summary["complete"] and summary["concluded"]
     assert summary["nccl_library_version"] == "2.28.9" and summary["rank_count"] == 16
     assert summary["config"]["min_bytes"] == 1 << 20 and summary["config"]["iters"] == 20
@@ -588,7 +591,7 @@ def test_older_nccl_tests_layout():
             "# Avg bus bandwidth    : 194.49 ",
         ]
     )
-    summary = nt.parse_output(text)
+    summary = ntv.parse_output(text)
     assert summary["config"]["ngpus"] == 8 and summary["rank_count"] == 8
     assert summary["ranks"][3]["bus_id"] == "0x1e" and summary["hosts"] == ["dgx-a07"]
     assert summary["rows"][0]["in_place"]["busbw"] == 194.91 and summary["avg_busbw"] == 194.49
@@ -603,21 +606,21 @@ def json_fixture(name: str) -> str:
 
 
 def test_mpirun_writes_the_json_file_when_asked_and_torchrun_never():
-    argv = nt.render(replace(MPIRUN, json_path="/var/lib/kimi-nccl-tests/all_reduce_perf.json"))["commands"][TWO[0]]
+    argv = ntl.render(replace(MPIRUN, json_path="/var/lib/kimi-nccl-tests/all_reduce_perf.json"))["commands"][TWO[0]]
     assert argv[-2:] == ["-J", "/var/lib/kimi-nccl-tests/all_reduce_perf.json"]
     torch = replace(MPIRUN, launcher="torchrun", binary="/opt/bench.py", json_path="/tmp/x.json")
-    assert all("-J" not in argv for argv in nt.render(torch)["commands"].values())
+    assert all("-J" not in argv for argv in ntl.render(torch)["commands"].values())
 
 
 @pytest.mark.parametrize("path", ["all_reduce_perf.json", "/var/lib/kimi-nccl-tests/all_reduce_perf.txt"])
 def test_a_json_path_nccl_tests_would_not_write_is_refused(path):
-    with pytest.raises(nt.NcclTestsInputError) as raised:
-        nt.render(replace(MPIRUN, json_path=path))
+    with pytest.raises(ntl.NcclTestsInputError) as raised:
+        ntl.render(replace(MPIRUN, json_path=path))
     assert raised.value.variable == "nccl_tests_json_path"
 
 
 def test_the_json_file_gives_the_same_table_as_the_printed_one(ib):
-    report = nt.parse_json_output(json_fixture("ib-2x8-h100-gdrdma"))
+    report = ntv.parse_json_output(json_fixture("ib-2x8-h100-gdrdma"))
     assert report["version"] == 3 and report["nccl_version_code"] == 23007
     assert [row["size"] for row in report["rows"]] == SIZES
     assert report["rows"] == ib["rows"]
@@ -627,7 +630,7 @@ def test_the_json_file_gives_the_same_table_as_the_printed_one(ib):
 
 def test_the_verdict_reads_the_figures_from_the_json_file_and_the_transport_from_the_log():
     exact = json_fixture("ib-2x8-h100-gdrdma").replace('"bandwidth":275.615000', '"bandwidth":275.614871')
-    result = nt.verdict(fixture("ib-2x8-h100-gdrdma"), 0, require_transport="IB", json_text=exact)
+    result = ntv.verdict(fixture("ib-2x8-h100-gdrdma"), 0, require_transport="IB", json_text=exact)
     summary = result["summary"]
     assert result["passed"] is True and summary["table_source"] == "json"
     assert summary["avg_busbw"] == 275.6149 and summary["transport"] == "IB" and summary["gdrdma"] is True
@@ -640,7 +643,7 @@ def test_wrong_data_in_the_json_file_fails_the_run_even_if_the_printed_table_was
     document["results"][8]["in_place"]["nwrong"] = "1048576.000000"
     document["out_of_bounds"] = {"count": 4, "okay": "false"}
     log = "\n".join(line for line in fixture("ib-2x8-h100-gdrdma").splitlines() if not line[:1].isspace())
-    result = nt.verdict(log, 0, json_text=json.dumps(document))
+    result = ntv.verdict(log, 0, json_text=json.dumps(document))
     assert result["passed"] is False
     assert "1048576 wrong elements at sizes 256 MiB (Out of bounds values: 4)" in result["problems"][0]
 
@@ -654,7 +657,7 @@ def test_wrong_data_in_the_json_file_fails_the_run_even_if_the_printed_table_was
     ],
 )
 def test_a_json_file_that_cannot_be_read_leaves_the_printed_table_in_use_and_says_why(text, reason):
-    result = nt.verdict(fixture("ib-2x8-h100-gdrdma"), 0, json_text=text)
+    result = ntv.verdict(fixture("ib-2x8-h100-gdrdma"), 0, json_text=text)
     summary = result["summary"]
     assert summary["table_source"] == "text" and summary["avg_busbw"] == 275.615 and result["passed"] is True
     assert any(w.startswith("nccl-tests' JSON file was not used: ") and reason in w for w in summary["warnings"])
