@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO / "collections"))
 sys.path.insert(0, str(REPO / "contrib" / "kimi_tools"))
 sys.path.insert(0, str(REPO / "lab"))
 
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb  # noqa: E402
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi  # noqa: E402
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm  # noqa: E402
 from kimi_tools import kimi_bundle_build as kbb  # noqa: E402
 from kimi_tools import kimi_bundle_cli as cli  # noqa: E402
 from kimi_tools.kimi_bundle_apt import AptSource  # noqa: E402
@@ -85,7 +86,7 @@ def lab_variables(work: Path) -> dict[str, Any]:
 
 
 def deb_versions(repository: Path, package: str) -> set[str]:
-    stanzas = kb.parse_deb822((repository / "Packages").read_text())
+    stanzas = kbm.parse_deb822((repository / "Packages").read_text())
     return {stanza["Version"] for stanza in stanzas if stanza.get("Package") == package}
 
 
@@ -140,11 +141,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kimi-bench-bundle-") as scratch:
         work = Path(scratch)
         variables = lab_variables(work)
-        inputs = kb.inputs_from_variables(variables)
+        inputs = kbi.inputs_from_variables(variables)
         bump_variables, bump = bumped(variables, mirrors)
         sources, gnupg = mirrors.sources(), work / "gnupg"
 
-        def build(out: Path, build_inputs: kb.BuildInputs = inputs, **options: Any) -> kbb.BuildSummary:
+        def build(out: Path, build_inputs: kbi.BuildInputs = inputs, **options: Any) -> kbb.BuildSummary:
             return kbb.build(build_inputs, sources, out, gnupg, **options)
 
         first = build(work / "bundle")
@@ -159,7 +160,7 @@ def main() -> int:
             f"bundle: unchanged rebuild fetched {again.fetched} files ({format_bytes(again.fetched_bytes)}), reused "
             f"{again.reused} in {again.seconds['total']:.1f} s: {steps(again)}"
         )
-        after_bump = build(work / "bundle", kb.inputs_from_variables(bump_variables))
+        after_bump = build(work / "bundle", kbi.inputs_from_variables(bump_variables))
         print(
             f"bundle: after a pin bump ({bump}) fetched {after_bump.fetched} files "
             f"({format_bytes(after_bump.fetched_bytes)}), reused {after_bump.reused}, "

@@ -8,8 +8,8 @@ manifest whose signature the mirror host checked against the pinned key. Nothing
 huggingface_hub talks to the Hub (its HEAD headers, its xet protocol, its listing API), so a bump of the hf pin
 changes nothing on the mirror or in an air-gapped converge (docs/air-gapped.md).
 
-Standard library only: it runs on the nodes, which have no ``packaging`` (kimi_bundle.read_manifest needs it; the
-document checks used here are kimi_bundle_tree's).
+Standard library only: it runs on the nodes, which have no ``packaging`` (kimi_bundle_manifest.read_manifest needs
+it; the document checks used here are kimi_bundle_tree's).
 """
 
 from __future__ import annotations

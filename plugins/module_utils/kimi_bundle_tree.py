@@ -1,12 +1,12 @@
 """The part of an air-gapped bundle's manifest that needs only the standard library: the tree walk, each file's
 size and sha256, the document's shape, and verify_tree, the check the mirror host runs before it serves a bundle.
 
-It lives apart from kimi_bundle.py because the mirror host runs it (plugins/modules/kimi_bundle_verify.py): a
-node's python3 has nothing but the standard library, and kimi_bundle.py needs `packaging` for the build inputs.
-kimi_bundle.py re-exports every name here, so the builder and preflight keep importing them from there.
+It lives apart from kimi_bundle_inputs.py and kimi_bundle_manifest.py because the mirror host runs it
+(plugins/modules/kimi_bundle_verify.py): a node's python3 has nothing but the standard library, and those need
+`packaging` for the build inputs. Nothing re-exports these names: every caller imports them from here.
 
 What this module cannot judge without `packaging` is built_for (the inputs and their recorded sha256):
-read_document checks everything else, kimi_bundle.read_manifest adds built_for. On the mirror host the detached
+read_document checks everything else, kimi_bundle_manifest.read_manifest adds built_for. On the mirror host the detached
 signature (kimi_bundle_signature.py) is what vouches for built_for.
 
 Stdlib only, free of Ansible imports. Imported as
@@ -208,7 +208,7 @@ def manifest_text(document: Mapping[str, Any]) -> str:
 def read_document(text: str) -> dict[str, Any]:
     """A manifest's document after every check that needs neither the tree nor `packaging`: schema, kind,
     created_at, built_for being an object, files and totals. ManifestError names the key that fails.
-    kimi_bundle.read_manifest checks built_for's inputs as well."""
+    kimi_bundle_manifest.read_manifest checks built_for's inputs as well."""
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:

@@ -20,7 +20,7 @@ description:
     variable. It does not check the manifest's signature; the offline mirror served only a bundle whose
     signature by the pinned key it checked (C(kimi_bundle_verify)).
   - >-
-    Runs on the controller (C(delegate_to: localhost)); the logic is plugins/module_utils/kimi_bundle.py
+    Runs on the controller (C(delegate_to: localhost)); the logic is plugins/module_utils/kimi_bundle_fetch.py
     (C(match_manifest)), which needs C(packaging), a dependency of ansible-core.
   - Reads only; never reports a change.
 options:
@@ -30,7 +30,7 @@ options:
     required: true
   variables:
     description:
-      - The node's resolved values of the build's input variables (C(kimi_bundle.INPUT_VARIABLES)), as
+      - The node's resolved values of the build's input variables (C(kimi_bundle_inputs.INPUT_VARIABLES)), as
         C(playbooks/vars/bundle_inputs.yml) resolves them into C(kimi_bundle_node_inputs).
     type: dict
     required: true
@@ -84,21 +84,21 @@ inputs_sha256:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
-    BundleInputError,
-    ManifestError,
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_fetch import (
     bad_manifest_message,
     bad_node_inputs_message,
     match_manifest,
     mismatch_message,
 )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_inputs import BundleInputError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import ManifestError
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "manifest": {"type": "str", "required": True},
-            # Free-form: variable name to the node's value; kimi_bundle judges each, naming the variable.
+            # Free-form: variable name to the node's value; kimi_bundle_inputs judges each, naming the variable.
             "variables": {"type": "dict", "required": True},
             "host": {"type": "str", "required": True},
             "source": {"type": "str", "default": "kimi-bundle.json"},

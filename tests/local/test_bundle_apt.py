@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 from kimi_tools import kimi_bundle_apt as kba
 from kimi_tools.kimi_bundle_apt import AptBundleError, AptRequest, AptSource
 
@@ -59,7 +61,7 @@ def variables(pin: str = PIN) -> dict:
 
 
 def versions_in(repository: Path, package: str) -> set[str]:
-    stanzas = kb.parse_deb822((repository / "Packages").read_text())
+    stanzas = kbm.parse_deb822((repository / "Packages").read_text())
     return {stanza["Version"] for stanza in stanzas if stanza.get("Package") == package}
 
 
@@ -104,7 +106,7 @@ def signing_key(tmp_path_factory):
 
 
 def build(bundle: Path, work: Path, sources, key, pin: str = PIN) -> kba.AptBuild:
-    return kba.build_apt_repository(kb.inputs_from_variables(variables(pin)), sources, bundle, work, key)
+    return kba.build_apt_repository(kbi.inputs_from_variables(variables(pin)), sources, bundle, work, key)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +151,7 @@ def test_the_pins_and_a_debian_package_resolve_offline_from_the_signed_bundle(fi
         p.stat().st_size for p in debs(apt_dir).values()
     )
 
-    release = kb.parse_deb822((apt_dir / "Release").read_text())[0]
+    release = kbm.parse_deb822((apt_dir / "Release").read_text())[0]
     assert {key: release[key] for key in ("Origin", "Label", "Suite", "Codename", "Architectures")} == {
         "Origin": "kimi-bundle",
         "Label": "kimi.k2 bundle for bundle-apt-test",
@@ -160,8 +162,8 @@ def test_the_pins_and_a_debian_package_resolve_offline_from_the_signed_bundle(fi
     assert (apt_dir / "InRelease").read_text().startswith("-----BEGIN PGP SIGNED MESSAGE-----")
     assert (apt_dir / "Release.gpg").read_text().startswith("-----BEGIN PGP SIGNATURE-----")
     assert not built.keyring.read_bytes().startswith(b"-----"), "nodes' signed-by wants a binary keyring"
-    inputs = kb.inputs_from_variables(variables())
-    assert kb.apt_index_problems((apt_dir / "Packages").read_text(), inputs) == []
+    inputs = kbi.inputs_from_variables(variables())
+    assert kbm.apt_index_problems((apt_dir / "Packages").read_text(), inputs) == []
 
     # Moved elsewhere (as onto the mirror host), with no other source, apt still verifies and resolves it.
     moved = copy_bundle(first_build, tmp_path) / kba.APT_DIR
@@ -199,7 +201,7 @@ def test_a_deb_corrupted_in_the_bundle_is_fetched_again_rather_than_kept_for_its
     flip_one_byte(libc6)
     again = build(bundle, tmp_path / "work", sources, signing_key)
     assert again.fetch.fetched == (libc6.name,)
-    assert kb.hash_file(libc6)[1] == next(d.sha256 for d in again.fetch.downloads if d.filename == libc6.name)
+    assert kbt.hash_file(libc6)[1] == next(d.sha256 for d in again.fetch.downloads if d.filename == libc6.name)
 
 
 # ------------------------------------------------------------------------------------------ refusals
@@ -230,7 +232,7 @@ def test_a_tampered_release_is_refused_by_apts_signature_check(first_build, tmp_
         (apt_dir / "InRelease").unlink()
     path = apt_dir / signed
     path.write_text(path.read_text().replace("Label: kimi.k2 bundle for", "Label: someone else's bundle for"))
-    inputs = kb.inputs_from_variables(variables())
+    inputs = kbi.inputs_from_variables(variables())
     with pytest.raises(AptBundleError, match=f"(?s)apt-get update from the bundle's.*{signed}.*BADSIG"):
         kba.check_repository(apt_dir, AptRequest.from_inputs(inputs), tmp_path / "check", inputs)
 
@@ -239,7 +241,7 @@ def test_a_deb_whose_content_changed_is_refused_by_apts_hash_check(first_build, 
     apt_dir = copy_bundle(first_build, tmp_path) / kba.APT_DIR
     libnccl2 = debs(apt_dir)[f"libnccl2_{PIN}_amd64.deb"]
     flip_one_byte(libnccl2)
-    inputs = kb.inputs_from_variables(variables())
+    inputs = kbi.inputs_from_variables(variables())
     with pytest.raises(
         AptBundleError, match=re.escape(f"{libnccl2.name}: its content does not match the signed index")
     ):

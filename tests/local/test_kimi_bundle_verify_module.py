@@ -1,12 +1,12 @@
 """kimi_bundle_verify as Ansible runs it on a mirror host, with real gpg keys and a real signed bundle.
 
 Each test builds a small bundle in tmp_path (an apt directory with the exported keyring, a wheelhouse, a relative
-symlink), writes its manifest with kimi_bundle.manifest_document and signs it detached and armored with a key made
-in a GnuPG home of the test's own, then runs `ansible localhost -m kimi.k2.kimi_bundle_verify` with the host's bare
-/usr/bin/python3 (no `packaging`, like a node's): the module must run there. A good bundle passes (read-only, in
-check mode too); a flipped byte names the file and both sha256; a truncated file is named by its size; a manifest
-signed by another key is refused naming both fingerprints, whether or not the bundle's keyring was swapped for
-that key's; an unsigned manifest is refused. Skips without gpg, gpgv or /usr/bin/python3.
+symlink), writes its manifest with kimi_bundle_manifest.manifest_document and signs it detached and armored with a
+key made in a GnuPG home of the test's own, then runs `ansible localhost -m kimi.k2.kimi_bundle_verify` with the
+host's bare /usr/bin/python3 (no `packaging`, like a node's): the module must run there. A good bundle passes
+(read-only, in check mode too); a flipped byte names the file and both sha256; a truncated file is named by its
+size; a manifest signed by another key is refused naming both fingerprints, whether or not the bundle's keyring was
+swapped for that key's; an unsigned manifest is refused. Skips without gpg, gpgv or /usr/bin/python3.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 from kimi_tools import kimi_bundle_apt as kba
 
 from tests.unit.ansible_adhoc import run_module
@@ -87,8 +89,10 @@ def build_bundle(root: Path, key: kba.SigningKey) -> Path:
         (root / relative).write_bytes(data)
     (root / "wheels" / "latest.whl").symlink_to(Path(WHEEL).name)
     kba.export_keyring(root / "apt", key)
-    document = kb.manifest_document(kb.inputs_from_variables(VARIABLES), kb.manifest_entries(root), datetime.now(UTC))
-    (root / "kimi-bundle.json").write_text(kb.manifest_text(document))
+    document = kbm.manifest_document(
+        kbi.inputs_from_variables(VARIABLES), kbt.manifest_entries(root), datetime.now(UTC)
+    )
+    (root / "kimi-bundle.json").write_text(kbt.manifest_text(document))
     return root
 
 

@@ -27,7 +27,9 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 
 from tests.ansible_run import REPO_ROOT, PlayResult, run_playbook
 from tests.local.test_bundle_build import environment
@@ -57,10 +59,10 @@ class Mirror:
 
     def serve(self, built_for: dict[str, Any]) -> str:
         """Serve a manifest built for `built_for` (to_dict()'s form, its sha256 recomputed); its URL."""
-        inputs = kb.inputs_from_dict(built_for)
-        document = kb.manifest_document(inputs, [], datetime.now(UTC))
-        (self.root / kb.MANIFEST_NAME).write_text(kb.manifest_text(document))
-        return f"{self.url}{kb.MANIFEST_NAME}"
+        inputs = kbi.inputs_from_dict(built_for)
+        document = kbm.manifest_document(inputs, [], datetime.now(UTC))
+        (self.root / kbt.MANIFEST_NAME).write_text(kbt.manifest_text(document))
+        return f"{self.url}{kbt.MANIFEST_NAME}"
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ The steps, each a function (build_apt_repository runs them in order):
    ``deb [signed-by=<KEYRING_NAME>] file:<bundle>/apt ./``: ``apt-get update`` verifies the signature,
    ``apt-get install -s`` must resolve every pin at its version from the bundle alone, ``apt-get install
    --download-only`` hashes every .deb of the closure against the signed index (the file method reads them
-   in place and copies nothing), and kimi_bundle.apt_index_problems reads the Packages file.
+   in place and copies nothing), and kimi_bundle_manifest.apt_index_problems reads the Packages file.
 4. Incremental builds: apt skips a file already in its archives directory when only its SIZE matches
    (checked on apt 2.6: a same-size corrupt .deb is kept), so nothing unverified may sit there. Before the
    download, apt's ``--print-uris`` lists the closure with each file's size and sha256 from the sources'
-   signed indexes; kimi_bundle.plan_fetches matches those against the sha256 of the .debs the bundle (or an
+   signed indexes; kimi_bundle_fetch.plan_fetches matches those against the sha256 of the .debs the bundle (or an
    interrupted run's archives directory) already holds, only matches are linked into the archives
    directory, everything else there is removed, and apt fetches the rest. AptFetch reports both byte counts.
 
@@ -51,18 +51,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
 
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_fetch import Artifact, FetchPlan, plan_fetches
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_inputs import (
     APT_PACKAGES,
     DEB_PINS,
     DEBIAN_PACKAGE,
-    Artifact,
     BuildInputs,
-    BundleError,
-    FetchPlan,
-    apt_index_problems,
-    hash_file,
-    plan_fetches,
 )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_manifest import apt_index_problems
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError, hash_file
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_inputs import DEBIAN_VERSION
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
 
@@ -606,7 +603,7 @@ def plan_downloads(root: AptRoot, request: AptRequest) -> list[AptDownload]:
 
 
 def deb_entries(directory: Path, pool: str) -> list[dict]:
-    """{path: POOL/NAME, size, sha256} of each regular .deb in `directory`, for kimi_bundle.plan_fetches."""
+    """{path: POOL/NAME, size, sha256} of each regular .deb in `directory`, for kimi_bundle_fetch.plan_fetches."""
     if not directory.is_dir():
         return []
     entries = []
@@ -901,7 +898,7 @@ def check_repository(apt_dir: Path, request: AptRequest, base: Path, inputs: Bui
     """Prove with apt that nodes can install the request from the bundle alone: a fresh private root whose
     only source is the bundle with signed-by its keyring; update (signature), simulate (every pin at its
     version), download-only (each .deb's hash against the signed index, read in place); then
-    kimi_bundle.apt_index_problems on Packages when `inputs` is given."""
+    kimi_bundle_manifest.apt_index_problems on Packages when `inputs` is given."""
     apt_dir = Path(apt_dir).resolve()
     shutil.rmtree(base, ignore_errors=True)  # no lists from an earlier check may stand in for this one
     source = AptSource(f"file:{apt_dir}", FLAT_SUITE, signed_by=apt_dir / KEYRING_NAME)

@@ -1,5 +1,6 @@
-"""Building and checking an air-gapped bundle (bin/kimi-bundle): orchestration of kimi_bundle (inputs, manifest,
-tree checks), kimi_bundle_apt (the signed apt repository) and kimi_bundle_wheels (the wheelhouse).
+"""Building and checking an air-gapped bundle (bin/kimi-bundle): orchestration of kimi_bundle_inputs,
+kimi_bundle_manifest and kimi_bundle_tree (inputs, manifest, tree checks), kimi_bundle_apt (the signed apt
+repository) and kimi_bundle_wheels (the wheelhouse).
 
 build() runs, in this order:
 
@@ -16,7 +17,7 @@ build() runs, in this order:
 3c. advisories: the advisory snapshot the build was given (kimi_advisories.py; by default the kimi role's
    files/advisories.json) copied to advisories/advisories.json after it parses, so the bundle carries, under
    its signed manifest, the data the input check judged its pins with (docs/air-gapped.md);
-4. manifest: every file's size and sha256 and the inputs (kimi_bundle.manifest_document), signed detached and
+4. manifest: every file's size and sha256 and the inputs (kimi_bundle_manifest.manifest_document), signed detached and
    armored by the key that signs the apt Release, and that signature checked against the bundle's keyring;
 5. commit: OUT's manifest is removed first, its apt/, wheels/ and hf/ swapped for the new ones, then the signature
    and the manifest are renamed in, the manifest last. A directory without a manifest whose signature holds is
@@ -60,25 +61,28 @@ from typing import Any
 
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_advisories import AdvisoryDataError
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_advisories import load as load_advisories
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
-    MANIFEST_NAME,
-    SIGNATURE_NAME,
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_inputs import (
     WITH_CHECKPOINT,
     BuildInputs,
-    BundleError,
     Checkpoint,
-    ManifestError,
-    apt_index_problems,
     compare_inputs,
+)
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_manifest import (
+    apt_index_problems,
     manifest_document,
-    manifest_entries,
     manifest_inputs,
-    manifest_text,
     read_manifest,
     wheelhouse_problems,
 )
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import verify_signature
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError as TreeBundleError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    BundleError,
+    ManifestError,
+    manifest_entries,
+    manifest_text,
+)
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_verify import default_keyring, verify_bundle
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import files_from_tree, select_files
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_report import write_atomic
@@ -469,7 +473,7 @@ def write_signed_manifest(
     manifest = (staging / MANIFEST_NAME).read_bytes()
     try:
         verify_signature(manifest, signature.read_bytes(), default_keyring(staging), key.key_id, run_gpgv, GPGV)
-    except TreeBundleError as error:
+    except BundleError as error:
         raise BuildError(f"the new bundle's own signature does not check: {error}") from None
     return document
 
@@ -681,7 +685,7 @@ def verify(
     bundle = Path(bundle_dir)
     try:
         verdict = verify_bundle(bundle, fingerprint, run_gpgv, checksums=checksums, gpgv=GPGV)
-    except TreeBundleError as error:
+    except BundleError as error:
         return [_unusable_line(bundle, error)]
     problems = list(verdict.problems)
     try:

@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_inputs import (
     BuildInputs,
-    BundleError,
     BundleInputError,
     canonical_json,
     inputs_from_variables,
 )
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import normalise_fingerprint
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import BundleError
 
 from . import CHECKOUT
 from . import kimi_bundle_build as kbb

@@ -9,7 +9,7 @@ What the nodes install (each a PipSet, resolved separately because the nodes ins
   their dependencies (Ray too, in layout ray: roles/ray_cluster expects it among kimi_vllm_pip_pins);
 - the overrides, installed after that set with --no-deps;
 - pins an override replaces, also --no-deps: the role never installs them, but the bundle's manifest lists
-  every pin and kimi_bundle.wheelhouse_problems expects a wheel for each;
+  every pin and kimi_bundle_manifest.wheelhouse_problems expects a wheel for each;
 - the hf CLI of roles/checkpoint (huggingface_hub at checkpoint_hf_version, in its own venv), when the caller
   passes that version.
 
@@ -20,7 +20,7 @@ The steps, each a function (build_wheelhouse runs them in order):
    kimi_pinset.expand_platforms gives) against the caller's sources: the closure with each file's URL and
    sha256, before anything is downloaded. pip's --log file names the sources that did not answer (pip
    itself only skips them).
-2. fetch_wheels: kimi_bundle.plan_fetches matches those sha256 against the wheels the bundle (or an
+2. fetch_wheels: kimi_bundle_fetch.plan_fetches matches those sha256 against the wheels the bundle (or an
    interrupted run's download directory) already holds; matches are moved or linked into place, then
    ``pip download --no-deps`` with each file's ``--hash`` fetches the rest into a download directory in the
    work directory, each file is hashed again and renamed into ``<bundle>/wheels/``; wheels no longer needed
@@ -31,7 +31,7 @@ The steps, each a function (build_wheelhouse runs them in order):
    ``<wheel>.metadata`` (PEP 658/714).
 4. check_wheelhouse: ``pip install --dry-run --ignore-installed --no-index --find-links`` on the bundle's
    directory and on its index page, with the same target flags, must resolve every pin at its version from
-   the bundle alone, and kimi_bundle.wheelhouse_problems must report nothing.
+   the bundle alone, and kimi_bundle_manifest.wheelhouse_problems must report nothing.
 
 Why index.html and the .metadata files: the vllm and checkpoint roles pass one flat ``--find-links`` location
 with ``--no-index`` (never a PEP 503 ``--index-url`` tree). A node reading the bundle's directory needs
@@ -65,21 +65,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import (
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_fetch import Artifact, FetchPlan, plan_fetches
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_inputs import (
     HF_DISTRIBUTION,
     HF_VERSION,
     PIP_OVERRIDES,
     PIP_PINS,
     PYTHON_MINOR,
-    SHA256_HEX,
-    Artifact,
     BuildInputs,
-    BundleError,
-    FetchPlan,
-    hash_file,
-    plan_fetches,
-    wheelhouse_problems,
 )
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_manifest import wheelhouse_problems
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import SHA256_HEX, BundleError, hash_file
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_pinset import (
     ResolveSettings,
     conflict_chain,
@@ -551,7 +547,7 @@ def resolve_request(
 
 
 def wheel_entries(directory: Path, pool: str) -> list[dict[str, Any]]:
-    """{path: POOL/NAME, size, sha256} of each regular .whl in `directory`, for kimi_bundle.plan_fetches."""
+    """{path: POOL/NAME, size, sha256} of each regular .whl in `directory`, for kimi_bundle_fetch.plan_fetches."""
     if not Path(directory).is_dir():
         return []
     entries = []
@@ -849,7 +845,7 @@ def check_wheelhouse(
 ) -> WheelCheck:
     """Prove with pip that the nodes can install every set from the bundle alone: --no-index, the nodes'
     target flags, and as --find-links the bundle's directory (a node reading a copy of it), then, when the
-    directory serves, its index page (what a mirror serves over HTTP); and kimi_bundle.wheelhouse_problems
+    directory serves, its index page (what a mirror serves over HTTP); and kimi_bundle_manifest.wheelhouse_problems
     on its wheel names when `inputs` is given. WheelBundleError names every problem: a pin and its variable,
     or a wheel file."""
     tool = tool or PipTool()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
 from kimi_tools import kimi_bundle_build as kbb
 from kimi_tools import kimi_bundle_cli as cli
 from kimi_tools.kimi_bundle_apt import AptSource
@@ -237,7 +237,7 @@ def test_an_inventory_asking_for_the_checkpoint_at_a_branch_is_refused_by_name(i
 def test_inputs_prints_the_resolved_build_inputs_as_json(inventory, capsys):
     assert cli.cli_main(["inputs", "-i", "inventories/site"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed == kb.inputs_from_variables(VARIABLES).to_dict()
+    assert printed == kbi.inputs_from_variables(VARIABLES).to_dict()
     assert printed["apt_pins"] == {"libnccl2": "2.30.7-1+cuda13.3", "nftables": "1.0.6-2+deb12u2"}
     assert printed["hf_version"] == "2.4.0"
 
@@ -297,7 +297,7 @@ def test_one_value_per_variable_across_the_nodes_or_each_difference_named():
     hosts = {"node1": VARIABLES, "node2": dict(VARIABLES)}
     assert cli.common_variables(hosts) == VARIABLES
     hosts["node3"] = {**VARIABLES, "kimi_vllm_pip_pins": {"jinja2": "3.1.5"}, "vllm_python_version": "3.12"}
-    with pytest.raises(kb.BundleInputError) as caught:
+    with pytest.raises(kbi.BundleInputError) as caught:
         cli.common_variables(hosts)
     assert [f"{variable} {message}" for variable, message in caught.value.problems] == [
         'kimi_vllm_pip_pins differs between nodes (node1, node2: {"jinja2":"3.1.6"}; node3: {"jinja2":"3.1.5"}): '
@@ -412,8 +412,8 @@ def test_bin_kimi_bundle_runs_with_this_python_and_shows_its_commands():
 def test_the_playbook_resolves_exactly_the_variables_kimi_bundle_reads():
     role_pins = re.findall(r"'(\w+_pins)'", INPUT_VARS["kimi_bundle_read_role_pins"])
     read = [*INPUT_VARS["kimi_bundle_read_always"], *role_pins, *INPUT_VARS["kimi_bundle_read_checkpoint"]]
-    assert sorted(read) == sorted(kb.INPUT_VARIABLES) and len(read) == len(set(read))
-    assert role_pins == [*kb.RELEASE_DEB_PINS, *kb.ROLE_DEB_PINS]
+    assert sorted(read) == sorted(kbi.INPUT_VARIABLES) and len(read) == len(set(read))
+    assert role_pins == [*kbi.RELEASE_DEB_PINS, *kbi.ROLE_DEB_PINS]
 
 
 def test_the_build_and_the_served_bundles_check_resolve_the_same_values_the_same_way():
@@ -465,7 +465,7 @@ def test_the_shipped_inventories_name_the_release_their_nodes_run(inventory, dis
     assert (values["kimi_bundle_distribution"], values["kimi_bundle_codename"]) == (distribution, codename)
     release = {**VARIABLES, "kimi_bundle_distribution": distribution, "kimi_bundle_codename": codename}
     release["firewall_deb_pins"] = {codename: {}}
-    assert kb.inputs_from_variables(release).codename == codename
+    assert kbi.inputs_from_variables(release).codename == codename
 
 
 def test_the_bundle_carries_the_kimi_roles_advisory_snapshot_unless_told_otherwise(tmp_path):

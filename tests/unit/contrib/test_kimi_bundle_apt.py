@@ -10,7 +10,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_fetch as kbf
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
 from kimi_tools import kimi_bundle_apt as kba
 from kimi_tools.kimi_bundle_apt import (
     AptBundleError,
@@ -35,7 +36,7 @@ VARIABLES = {
 
 
 def request() -> AptRequest:
-    return AptRequest.from_inputs(kb.inputs_from_variables(VARIABLES))
+    return AptRequest.from_inputs(kbi.inputs_from_variables(VARIABLES))
 
 
 def root(base: Path, *sources: AptSource) -> kba.AptRoot:
@@ -186,7 +187,7 @@ def test_print_uris_lines_become_downloads_with_apts_file_names():
         ("git_1%3a2.39.5-0+deb12u3_amd64.deb", 7264380, None),
     ]
     assert downloads[1].uri == f"copy:{LAB}/nvidia/./libnccl2_2.30.7-1%2bcuda13.3_amd64.deb"
-    assert downloads[1].artifact() == kb.Artifact("apt/libnccl2_2.30.7-1+cuda13.3_amd64.deb", 2920, "cd" * 32)
+    assert downloads[1].artifact() == kbf.Artifact("apt/libnccl2_2.30.7-1+cuda13.3_amd64.deb", 2920, "cd" * 32)
 
 
 def test_a_print_uris_file_name_that_is_no_deb_is_refused():
@@ -317,7 +318,7 @@ def test_the_primary_keys_fingerprints_are_read_and_subkeys_skipped():
 
 
 def test_the_release_fields_come_from_the_inputs_and_must_be_one_line():
-    fields = kba.ReleaseFields.for_inputs(kb.inputs_from_variables(VARIABLES))
+    fields = kba.ReleaseFields.for_inputs(kbi.inputs_from_variables(VARIABLES))
     assert kba.release_options(fields) == [
         "-o", "APT::FTPArchive::Release::Origin=kimi-bundle",
         "-o", "APT::FTPArchive::Release::Label=kimi.k2 bundle for site-a",
@@ -370,7 +371,7 @@ def test_only_debs_with_the_indexes_sha256_are_seeded_and_everything_else_leaves
         AptDownload("copy:/s/c.deb", "c_1_amd64.deb", 50, sha(b"c" * 50)),
     ]
     have = sorted(kba.deb_entries(bundle, "apt") + kba.deb_entries(archives, kba.CACHE_POOL), key=lambda e: e["path"])
-    plan = kb.plan_fetches(have, [download.artifact() for download in wanted])
+    plan = kbf.plan_fetches(have, [download.artifact() for download in wanted])
     assert [artifact.path for artifact, _ in plan.fetch] == ["apt/b_1_amd64.deb"]
     kba.seed_archives(plan, {"apt": bundle, kba.CACHE_POOL: archives}, archives)
     assert sorted(path.name for path in archives.glob("*.deb")) == ["a_1_amd64.deb", "c_1_amd64.deb"]

@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 from kimi_tools import kimi_bundle_build as kbb
 from kimi_tools.kimi_bundle_build import BuildLayout, BuildSummary, StepReport
 
@@ -58,7 +60,7 @@ def names(directory: Path) -> list[str]:
 
 
 def test_a_checkpoint_without_its_source_is_refused_before_anything_is_made(tmp_path):
-    inputs = kb.inputs_from_variables({**VARIABLES, **CHECKPOINT})
+    inputs = kbi.inputs_from_variables({**VARIABLES, **CHECKPOINT})
     sources = kbb.BuildSources((), kbb.PipSources(find_links=(str(tmp_path),)))
     with pytest.raises(kbb.BuildError) as caught:
         kbb.build(inputs, sources, tmp_path / "out", tmp_path / "gnupg")
@@ -68,7 +70,7 @@ def test_a_checkpoint_without_its_source_is_refused_before_anything_is_made(tmp_
     )
     assert not (tmp_path / "out").exists() and not (tmp_path / "gnupg").exists()
     assert kbb.hub_problems(inputs, kbb.BuildSources((), sources.pip, kbb.HubSource("https://hf.example"))) == []
-    assert kbb.hub_problems(kb.inputs_from_variables(VARIABLES), sources) == []
+    assert kbb.hub_problems(kbi.inputs_from_variables(VARIABLES), sources) == []
 
 
 def test_the_hub_token_never_shows_in_a_printed_source():
@@ -94,7 +96,7 @@ def test_the_partial_area_lies_beside_the_bundle_never_inside_it(tmp_path, monke
 def test_an_empty_missing_or_earlier_bundle_directory_is_accepted(tmp_path):
     bundle = tmp_path / "bundle"
     assert kbb.out_dir_problems(bundle) == []
-    for name in ("apt/x.deb", "wheels/y.whl", kb.MANIFEST_NAME, kb.SIGNATURE_NAME):
+    for name in ("apt/x.deb", "wheels/y.whl", kbt.MANIFEST_NAME, kbt.SIGNATURE_NAME):
         write(bundle / name)
     assert kbb.out_dir_problems(bundle) == []
 
@@ -113,7 +115,7 @@ def test_a_directory_holding_anything_else_is_refused_naming_what(tmp_path):
 
 def test_build_refuses_a_foreign_out_and_a_missing_reuse_bundle_before_anything_runs(tmp_path):
     write(tmp_path / "out/precious.txt")
-    inputs = kb.inputs_from_variables(VARIABLES)
+    inputs = kbi.inputs_from_variables(VARIABLES)
     sources = kbb.BuildSources((), kbb.PipSources(find_links=(str(tmp_path),)))
     with pytest.raises(kbb.BuildError) as caught:
         kbb.build(inputs, sources, tmp_path / "out", tmp_path / "gnupg", reuse_from=[tmp_path / "nowhere"])
@@ -138,7 +140,7 @@ def test_an_interrupted_runs_leftovers_are_tidied_but_its_debs_and_wheels_kept(t
     staging = tmp_path / "staging"
     keep = ["apt/libc6_2.36_amd64.deb", "wheels/jinja2-3.1.6-py3-none-any.whl"]
     junk = [
-        kb.MANIFEST_NAME,
+        kbt.MANIFEST_NAME,
         ".kimi-bundle.json.abc.tmp",
         "apt/Packages",
         "apt/libc6_2.36_amd64.deb.kimi-seed",
@@ -183,13 +185,13 @@ def test_seeding_links_every_deb_and_wheel_of_the_earlier_bundles_it_lacks(tmp_p
 
 
 def staged_bundle(layout: BuildLayout, label: bytes) -> None:
-    for name in ("apt/a.deb", "wheels/w.whl", kb.MANIFEST_NAME, kb.SIGNATURE_NAME):
+    for name in ("apt/a.deb", "wheels/w.whl", kbt.MANIFEST_NAME, kbt.SIGNATURE_NAME):
         write(layout.staging / name, label)
 
 
 def test_the_new_bundle_replaces_the_old_one_whole(tmp_path):
     layout = kbb.layout_for(tmp_path / "out")
-    for name in ("apt/a.deb", "apt/old.deb", "wheels/w.whl", kb.MANIFEST_NAME, kb.SIGNATURE_NAME):
+    for name in ("apt/a.deb", "apt/old.deb", "wheels/w.whl", kbt.MANIFEST_NAME, kbt.SIGNATURE_NAME):
         write(layout.out / name, b"old")
     staged_bundle(layout, b"new")
     kbb.commit(layout)
@@ -214,7 +216,7 @@ def test_the_checkpoint_is_swapped_with_the_rest_and_dropped_when_the_new_bundle
 
 def test_a_commit_cut_short_leaves_no_manifest_rather_than_the_old_one_over_new_files(tmp_path, monkeypatch):
     layout = kbb.layout_for(tmp_path / "out")
-    for name in ("apt/a.deb", "wheels/w.whl", kb.MANIFEST_NAME, kb.SIGNATURE_NAME):
+    for name in ("apt/a.deb", "wheels/w.whl", kbt.MANIFEST_NAME, kbt.SIGNATURE_NAME):
         write(layout.out / name, b"old")
     staged_bundle(layout, b"new")
     real_move = kbb._move
@@ -227,9 +229,9 @@ def test_a_commit_cut_short_leaves_no_manifest_rather_than_the_old_one_over_new_
     monkeypatch.setattr(kbb, "_move", cut_at_the_wheels)
     with pytest.raises(KeyboardInterrupt):
         kbb.commit(layout)
-    assert not (layout.out / kb.MANIFEST_NAME).exists() and not (layout.out / kb.SIGNATURE_NAME).exists()
+    assert not (layout.out / kbt.MANIFEST_NAME).exists() and not (layout.out / kbt.SIGNATURE_NAME).exists()
     assert kbb.verify(layout.out, "A" * 40) == [
-        f"{layout.out}: no {kb.MANIFEST_NAME} here: not a bundle (bin/kimi-bundle build writes one) ({layout.partial} "
+        f"{layout.out}: no {kbt.MANIFEST_NAME} here: not a bundle (bin/kimi-bundle build writes one) ({layout.partial} "
         "holds an interrupted build: run the build again)"
     ]
     # The next build seeds from what OUT and the staging area hold, so the new debs are not fetched again.
@@ -290,24 +292,24 @@ def test_verify_names_a_directory_that_is_no_bundle(tmp_path):
     assert kbb.verify(tmp_path / "nowhere", "A" * 40) == [f"{tmp_path / 'nowhere'}: not a directory"]
     (tmp_path / "empty").mkdir()
     assert kbb.verify(tmp_path / "empty", "A" * 40) == [
-        f"{tmp_path / 'empty'}: no {kb.MANIFEST_NAME} here: not a bundle (bin/kimi-bundle build writes one)"
+        f"{tmp_path / 'empty'}: no {kbt.MANIFEST_NAME} here: not a bundle (bin/kimi-bundle build writes one)"
     ]
 
 
 def test_an_unsigned_bundle_is_refused_naming_the_signature(tmp_path):
-    inputs = kb.inputs_from_variables(VARIABLES)
-    document = kb.manifest_document(inputs, [], datetime(2026, 3, 1, tzinfo=UTC))
-    write(tmp_path / kb.MANIFEST_NAME, kb.manifest_text(document).encode())
+    inputs = kbi.inputs_from_variables(VARIABLES)
+    document = kbm.manifest_document(inputs, [], datetime(2026, 3, 1, tzinfo=UTC))
+    write(tmp_path / kbt.MANIFEST_NAME, kbt.manifest_text(document).encode())
     (problem,) = kbb.verify(tmp_path, "A" * 40)
-    assert problem.startswith(f"{tmp_path}: {kb.SIGNATURE_NAME} is missing")
+    assert problem.startswith(f"{tmp_path}: {kbt.SIGNATURE_NAME} is missing")
 
 
 def bundle_document(tmp_path: Path, packages: str, wheels: list[str]) -> dict:
     write(tmp_path / "apt/Packages", packages.encode())
     for wheel in wheels:
         write(tmp_path / wheel)
-    inputs = kb.inputs_from_variables(VARIABLES)
-    return kb.manifest_document(inputs, kb.manifest_entries(tmp_path), datetime(2026, 3, 1, tzinfo=UTC))
+    inputs = kbi.inputs_from_variables(VARIABLES)
+    return kbm.manifest_document(inputs, kbt.manifest_entries(tmp_path), datetime(2026, 3, 1, tzinfo=UTC))
 
 
 def test_a_bundle_lacking_what_its_own_manifest_says_it_was_built_for_is_named(tmp_path):
@@ -368,8 +370,8 @@ def checkpoint_bundle(tmp_path: Path, tree: list[dict] | None = None, skip: tupl
     for name, data in (("config.json", CONFIG), ("model-00001.safetensors", SHARD)):
         if name not in skip:
             write(tmp_path / HF_BASE / name, data)
-    inputs = kb.inputs_from_variables({**VARIABLES, **CHECKPOINT})
-    return kb.manifest_document(inputs, kb.manifest_entries(tmp_path), datetime(2026, 3, 1, tzinfo=UTC))
+    inputs = kbi.inputs_from_variables({**VARIABLES, **CHECKPOINT})
+    return kbm.manifest_document(inputs, kbt.manifest_entries(tmp_path), datetime(2026, 3, 1, tzinfo=UTC))
 
 
 def test_a_checkpoint_bundle_holding_every_selected_file_at_the_hubs_checksum_has_no_problem(tmp_path):
@@ -383,19 +385,19 @@ def test_a_missing_shard_and_one_of_another_size_or_checksum_are_named(tmp_path)
         f"at {REVISION} is not in the bundle"
     ]
     write(tmp_path / HF_BASE / "model-00001.safetensors", b"x" * len(SHARD))
-    document = kb.manifest_document(document_inputs(), kb.manifest_entries(tmp_path), datetime.now(UTC))
+    document = kbm.manifest_document(document_inputs(), kbt.manifest_entries(tmp_path), datetime.now(UTC))
     [problem] = kbb.checkpoint_problems(tmp_path, document)
     assert problem.startswith(f"{HF_BASE}/model-00001.safetensors: sha256 ")
     assert problem.endswith(f", the Hub lists {hashlib.sha256(SHARD).hexdigest()}")
     write(tmp_path / HF_BASE / "model-00001.safetensors", b"short")
-    document = kb.manifest_document(document_inputs(), kb.manifest_entries(tmp_path), datetime.now(UTC))
+    document = kbm.manifest_document(document_inputs(), kbt.manifest_entries(tmp_path), datetime.now(UTC))
     assert kbb.checkpoint_problems(tmp_path, document) == [
         f"{HF_BASE}/model-00001.safetensors: 5 bytes, the Hub lists {len(SHARD)}"
     ]
 
 
-def document_inputs() -> kb.BuildInputs:
-    return kb.inputs_from_variables({**VARIABLES, **CHECKPOINT})
+def document_inputs() -> kbi.BuildInputs:
+    return kbi.inputs_from_variables({**VARIABLES, **CHECKPOINT})
 
 
 def test_a_checkpoint_bundle_without_its_listing_or_with_a_bad_one_is_named(tmp_path):
@@ -416,8 +418,8 @@ def test_a_checkpoint_bundle_without_its_listing_or_with_a_bad_one_is_named(tmp_
 
 def test_hf_files_in_a_bundle_built_without_the_checkpoint_are_named(tmp_path):
     write(tmp_path / "hf/stray.json")
-    inputs = kb.inputs_from_variables(VARIABLES)
-    document = kb.manifest_document(inputs, kb.manifest_entries(tmp_path), datetime.now(UTC))
+    inputs = kbi.inputs_from_variables(VARIABLES)
+    document = kbm.manifest_document(inputs, kbt.manifest_entries(tmp_path), datetime.now(UTC))
     assert kbb.checkpoint_problems(tmp_path, document) == [
         "hf/stray.json: the bundle was built without the checkpoint (kimi_bundle_checkpoint)"
     ]
@@ -427,7 +429,7 @@ def test_the_manifest_takes_a_steps_own_checksum_only_for_a_file_of_that_size(tm
     write(tmp_path / "hf/a.bin", b"12345")
     write(tmp_path / "hf/b.bin", b"12345")
     known = {"hf/a.bin": {"size": 5, "sha256": "a" * 64}, "hf/b.bin": {"size": 4, "sha256": "b" * 64}}
-    entries = {entry["path"]: entry["sha256"] for entry in kb.manifest_entries(tmp_path, known)}
+    entries = {entry["path"]: entry["sha256"] for entry in kbt.manifest_entries(tmp_path, known)}
     assert entries == {"hf/a.bin": "a" * 64, "hf/b.bin": hashlib.sha256(b"12345").hexdigest()}
 
 
@@ -466,7 +468,7 @@ def test_the_snapshot_is_staged_and_listed_in_the_manifest_with_its_checksum(tmp
     kbb.stage_advisories(staging, SHIPPED_ADVISORIES)
     content = SHIPPED_ADVISORIES.read_bytes()
     assert (staging / SNAPSHOT).read_bytes() == content
-    assert kb.manifest_entries(staging) == [
+    assert kbt.manifest_entries(staging) == [
         {"path": SNAPSHOT, "size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
     ]
     kbb.stage_advisories(staging, None)

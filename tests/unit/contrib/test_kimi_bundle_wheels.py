@@ -13,7 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_fetch as kbf
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
 from kimi_tools import kimi_bundle_wheels as kbw
 from kimi_tools.kimi_bundle_wheels import (
     PipSet,
@@ -62,8 +63,8 @@ REPORT = {
 }
 
 
-def inputs(**changes) -> kb.BuildInputs:
-    return kb.inputs_from_variables({**VARIABLES, **changes})
+def inputs(**changes) -> kbi.BuildInputs:
+    return kbi.inputs_from_variables({**VARIABLES, **changes})
 
 
 def wheel(filename: str, sha256: str | None = "a" * 64, requested: bool = False, url: str = "") -> ResolvedWheel:
@@ -210,7 +211,7 @@ def test_the_report_gives_each_wheel_its_file_url_and_sha256():
         ),
         ResolvedWheel("markupsafe", "3.0.4", MARKUPSAFE, f"file://{LAB}/{MARKUPSAFE}", MARKUPSAFE_SHA, False),
     ]
-    assert wheels[1].artifact() == kb.Artifact(f"wheels/{MARKUPSAFE}", None, MARKUPSAFE_SHA)
+    assert wheels[1].artifact() == kbf.Artifact(f"wheels/{MARKUPSAFE}", None, MARKUPSAFE_SHA)
 
 
 def test_a_quoted_file_name_is_read_back_and_a_hash_given_only_as_hash_is_used():
@@ -374,7 +375,7 @@ def test_an_interrupted_runs_whole_download_is_moved_in_and_a_truncated_one_is_f
     cut.write_bytes(cut.read_bytes()[:20])  # what an interrupted copy leaves under the final name
     wanted = [wheel(whole.name, whole_sha), wheel(cut.name, cut_sha)]
     have = kbw.wheel_entries(bundle, "wheels") + kbw.wheel_entries(downloads, kbw.CACHE_POOL)
-    plan = kb.plan_fetches(sorted(have, key=lambda e: e["path"]), [w.artifact() for w in wanted])
+    plan = kbf.plan_fetches(sorted(have, key=lambda e: e["path"]), [w.artifact() for w in wanted])
     assert [artifact.path for artifact, _ in plan.fetch] == [f"wheels/{cut.name}"]
     kbw.apply_reuse(plan, {"wheels": bundle, kbw.CACHE_POOL: downloads}, bundle)
     assert sha((bundle / whole.name).read_bytes()) == whole_sha and not whole.exists()

@@ -15,9 +15,12 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_fetch as kbf
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle import Artifact, BuildInputs, Checkpoint
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_fetch import Artifact
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_inputs import BuildInputs, Checkpoint
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 CREATED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -49,7 +52,7 @@ GOOD = {
 
 
 def inputs(**changes: object) -> BuildInputs:
-    return kb.inputs_from_variables({**GOOD, **changes})
+    return kbi.inputs_from_variables({**GOOD, **changes})
 
 
 def sha(data: bytes) -> str:
@@ -98,7 +101,7 @@ def test_inputs_from_variables_normalises_and_merges_every_pin_source():
 
 def test_the_inputs_digest_covers_what_matters_and_not_the_inventory_name():
     base = inputs()
-    assert base.inputs_sha256() == hashlib.sha256(kb.canonical_json(base.matters()).encode()).hexdigest()
+    assert base.inputs_sha256() == hashlib.sha256(kbi.canonical_json(base.matters()).encode()).hexdigest()
     assert inputs(kimi_bundle_inventory_name="site-b").inputs_sha256() == base.inputs_sha256()
     # The same set written otherwise (PEP 503 names, key order) is the same bundle.
     same = inputs(kimi_vllm_pip_pins={"nvidia-nccl-cu13": "2.28.9", "VLLM": "0.23.0"})
@@ -114,7 +117,7 @@ def test_without_the_checkpoint_its_variables_are_not_read():
 
 def test_the_architecture_defaults_to_amd64_and_role_pins_are_optional():
     variables = {k: v for k, v in GOOD.items() if k not in ("kimi_bundle_architecture", "firewall_deb_pins")}
-    built = kb.inputs_from_variables(variables)
+    built = kbi.inputs_from_variables(variables)
     assert built.architecture == "amd64" and "nftables" not in built.apt_pins
 
 
@@ -153,7 +156,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("variable", "value", "expected"), BAD_INPUTS, ids=[f"{v}={x!r}" for v, x, _ in BAD_INPUTS])
 def test_a_bad_variable_is_refused_by_name(variable, value, expected):
-    with pytest.raises(kb.BundleInputError) as caught:
+    with pytest.raises(kbi.BundleInputError) as caught:
         inputs(**{variable: value})
     assert caught.value.variables == [variable]
     assert isinstance(caught.value, ValueError)
@@ -162,14 +165,14 @@ def test_a_bad_variable_is_refused_by_name(variable, value, expected):
 
 def test_the_hf_cli_version_is_optional_normalised_and_survives_the_dict():
     assert inputs().hf_version == "2.4.0" and inputs(checkpoint_hf_version="2.4").hf_version == "2.4"
-    without = kb.inputs_from_variables({k: v for k, v in GOOD.items() if k != "checkpoint_hf_version"})
+    without = kbi.inputs_from_variables({k: v for k, v in GOOD.items() if k != "checkpoint_hf_version"})
     assert without.hf_version is None and without.to_dict()["hf_version"] is None
     assert without.inputs_sha256() != inputs().inputs_sha256()
-    assert kb.inputs_from_dict(inputs().to_dict()).hf_version == "2.4.0"
+    assert kbi.inputs_from_dict(inputs().to_dict()).hf_version == "2.4.0"
     data = inputs().to_dict()
     data["hf_version"] = "latest"
-    with pytest.raises(kb.BundleInputError) as caught:
-        kb.inputs_from_dict(data)
+    with pytest.raises(kbi.BundleInputError) as caught:
+        kbi.inputs_from_dict(data)
     assert caught.value.variables == ["built_for.hf_version"]
 
 
@@ -195,33 +198,33 @@ class RecordingVariables(dict):
 
 def test_input_variables_are_exactly_the_names_the_inputs_are_read_from():
     variables = RecordingVariables({**GOOD, "router_deb_pins": {"bookworm": {"haproxy": "2.6.12-1+deb12u4"}}})
-    kb.inputs_from_variables(variables)
-    assert variables.read == set(kb.INPUT_VARIABLES)
-    assert len(kb.INPUT_VARIABLES) == len(set(kb.INPUT_VARIABLES))
+    kbi.inputs_from_variables(variables)
+    assert variables.read == set(kbi.INPUT_VARIABLES)
+    assert len(kbi.INPUT_VARIABLES) == len(set(kbi.INPUT_VARIABLES))
 
 
 def test_a_bad_pin_inside_a_release_names_the_release():
-    with pytest.raises(kb.BundleInputError) as caught:
+    with pytest.raises(kbi.BundleInputError) as caught:
         inputs(firewall_deb_pins={"bookworm": {"nftables": "1.0.*"}})
     assert str(caught.value) == "firewall_deb_pins.bookworm pins nftables to '1.0.*', not one exact Debian version"
 
 
 def test_a_missing_variable_is_named():
     variables = {k: v for k, v in GOOD.items() if k != "vllm_python_version"}
-    with pytest.raises(kb.BundleInputError) as caught:
-        kb.inputs_from_variables(variables)
+    with pytest.raises(kbi.BundleInputError) as caught:
+        kbi.inputs_from_variables(variables)
     assert caught.value.variables == ["vllm_python_version"] and "(got None)" in str(caught.value)
 
 
 def test_every_bad_variable_is_named_in_one_error():
-    with pytest.raises(kb.BundleInputError) as caught:
+    with pytest.raises(kbi.BundleInputError) as caught:
         inputs(vllm_python_version="three", kimi_checkpoint_revision="main", kimi_deb_pins=[])
     assert caught.value.variables == ["vllm_python_version", "kimi_deb_pins", "kimi_checkpoint_revision"]
 
 
 def test_one_package_pinned_twice_to_different_versions_names_both_variables():
     pins = {**GOOD["kimi_deb_pins"], "nftables": "1.0.6-2"}
-    with pytest.raises(kb.BundleInputError) as caught:
+    with pytest.raises(kbi.BundleInputError) as caught:
         inputs(kimi_deb_pins=pins)
     assert str(caught.value) == (
         "firewall_deb_pins pins nftables to 1.0.6-2+deb12u2, kimi_deb_pins to 1.0.6-2: make them agree"
@@ -230,7 +233,7 @@ def test_one_package_pinned_twice_to_different_versions_names_both_variables():
 
 def test_inputs_survive_the_round_trip_through_their_dict():
     original = inputs()
-    back = kb.inputs_from_dict(json.loads(json.dumps(original.to_dict())))
+    back = kbi.inputs_from_dict(json.loads(json.dumps(original.to_dict())))
     assert back == original and back.to_dict() == original.to_dict()
     assert back.apt_pin_sources["nftables"] == "built_for.apt_pins"
 
@@ -239,8 +242,8 @@ def test_a_bad_value_in_a_dict_names_the_manifest_key():
     data = inputs().to_dict()
     data["python_version"] = "3.x"
     data["checkpoint"]["revision"] = "main"
-    with pytest.raises(kb.BundleInputError) as caught:
-        kb.inputs_from_dict(data)
+    with pytest.raises(kbi.BundleInputError) as caught:
+        kbi.inputs_from_dict(data)
     assert caught.value.variables == ["built_for.python_version", "built_for.checkpoint.revision"]
 
 
@@ -248,12 +251,12 @@ def test_a_bad_value_in_a_dict_names_the_manifest_key():
 
 
 def test_a_bundle_built_for_these_inputs_has_no_difference():
-    assert kb.compare_inputs(inputs(), inputs()) == []
+    assert kbi.compare_inputs(inputs(), inputs()) == []
 
 
 def test_a_bundle_for_python_3_12_is_refused_for_3_11_nodes():
     bundle = inputs(vllm_python_version="3.12", vllm_platforms=["manylinux_2_39_x86_64"])
-    assert kb.compare_inputs(bundle, inputs()) == [
+    assert kbi.compare_inputs(bundle, inputs()) == [
         "python_version (vllm_python_version): the bundle has 3.12, the inventory wants 3.11",
         "platforms (vllm_platforms): the bundle has manylinux_2_39_x86_64, the inventory wants manylinux_2_36_x86_64",
     ]
@@ -264,7 +267,7 @@ def test_an_apt_pin_bump_names_the_package_its_variable_and_both_versions():
         kimi_deb_pins={**GOOD["kimi_deb_pins"], "libnccl2": "2.30.8-1+cuda13.3"},
         firewall_deb_pins={"bookworm": {"nftables": "1.0.6-2+deb12u3"}},
     )
-    assert kb.compare_inputs(inputs(), wanted) == [
+    assert kbi.compare_inputs(inputs(), wanted) == [
         "apt package libnccl2 (kimi_deb_pins): the bundle has 2.30.7-1+cuda13.3, the inventory pins 2.30.8-1+cuda13.3",
         "apt package nftables (firewall_deb_pins): the bundle has 1.0.6-2+deb12u2, the inventory pins 1.0.6-2+deb12u3",
     ]
@@ -272,7 +275,7 @@ def test_an_apt_pin_bump_names_the_package_its_variable_and_both_versions():
 
 def test_a_pip_package_missing_from_the_bundle_is_named():
     wanted = inputs(kimi_vllm_pip_pins={**GOOD["kimi_vllm_pip_pins"], "flashinfer-python": "0.5.2"})
-    assert kb.compare_inputs(inputs(), wanted) == [
+    assert kbi.compare_inputs(inputs(), wanted) == [
         "pip package flashinfer-python (kimi_vllm_pip_pins): the inventory pins 0.5.2, the bundle has no "
         "flashinfer-python"
     ]
@@ -280,7 +283,7 @@ def test_a_pip_package_missing_from_the_bundle_is_named():
 
 def test_pins_only_the_bundle_has_are_named_too():
     wanted = inputs(kimi_vllm_pip_pins={"vllm": "0.23.0"}, kimi_bundle_apt_packages=["python3-venv"])
-    assert kb.compare_inputs(inputs(), wanted) == [
+    assert kbi.compare_inputs(inputs(), wanted) == [
         "apt_packages (kimi_bundle_apt_packages): the bundle has g++, python3-venv, the inventory wants python3-venv",
         "pip package nvidia-nccl-cu13 (kimi_vllm_pip_pins): the bundle pins 2.28.9, the inventory does not pin "
         "nvidia-nccl-cu13",
@@ -289,14 +292,14 @@ def test_pins_only_the_bundle_has_are_named_too():
 
 def test_pip_versions_compare_as_pep_440_versions():
     bundle = inputs(kimi_vllm_pip_pins={"vllm": "0.23", "nvidia-nccl-cu13": "2.28.9"})
-    assert kb.compare_inputs(bundle, inputs(kimi_vllm_pip_pins={"vllm": "0.23.0", "nvidia-nccl-cu13": "2.28.9"})) == []
+    assert kbi.compare_inputs(bundle, inputs(kimi_vllm_pip_pins={"vllm": "0.23.0", "nvidia-nccl-cu13": "2.28.9"})) == []
 
 
 def test_an_override_and_the_checkpoint_revision_are_compared():
     other = "f" * 40
     bundle = inputs(kimi_vllm_pip_overrides={"nvidia-nccl-cu13": "2.30.4"})
     wanted = inputs(kimi_checkpoint_revision=other)
-    assert kb.compare_inputs(bundle, wanted) == [
+    assert kbi.compare_inputs(bundle, wanted) == [
         "pip override nvidia-nccl-cu13 (kimi_vllm_pip_overrides): the bundle pins 2.30.4, the inventory does not pin "
         "nvidia-nccl-cu13",
         f"checkpoint revision (kimi_checkpoint_revision): the bundle has {REVISION}, the inventory wants {other}",
@@ -304,18 +307,18 @@ def test_an_override_and_the_checkpoint_revision_are_compared():
 
 
 def test_a_bundle_without_the_checkpoint_is_named_when_one_is_wanted():
-    assert kb.compare_inputs(inputs(kimi_bundle_checkpoint=False), inputs()) == [
+    assert kbi.compare_inputs(inputs(kimi_bundle_checkpoint=False), inputs()) == [
         f"checkpoint (kimi_bundle_checkpoint): the bundle has none, the inventory wants moonshotai/Kimi-K2-Instruct at "
         f"{REVISION}"
     ]
 
 
 def test_another_hf_cli_version_is_named_with_its_variable():
-    assert kb.compare_inputs(inputs(checkpoint_hf_version="2.3.0"), inputs()) == [
+    assert kbi.compare_inputs(inputs(checkpoint_hf_version="2.3.0"), inputs()) == [
         "hf_version (checkpoint_hf_version): the bundle has 2.3.0, the inventory wants 2.4.0"
     ]
-    without = kb.inputs_from_variables({k: v for k, v in GOOD.items() if k != "checkpoint_hf_version"})
-    assert kb.compare_inputs(without, inputs()) == [
+    without = kbi.inputs_from_variables({k: v for k, v in GOOD.items() if k != "checkpoint_hf_version"})
+    assert kbi.compare_inputs(without, inputs()) == [
         "hf_version (checkpoint_hf_version): the bundle has none, the inventory wants 2.4.0"
     ]
 
@@ -328,7 +331,7 @@ def test_another_distribution_and_inventory_are_named():
         firewall_deb_pins={"noble": {"nftables": "1.0.6-2+deb12u2"}},
         monitoring_deb_pins={"noble": {"prometheus": "2.42.0+ds-5+deb12u1"}},
     )
-    assert kb.compare_inputs(bundle, inputs()) == [
+    assert kbi.compare_inputs(bundle, inputs()) == [
         "inventory_name (kimi_bundle_inventory_name): the bundle has site-b, the inventory wants site-a",
         "distribution (kimi_bundle_distribution): the bundle has ubuntu-24.04, the inventory wants debian-12",
         "codename (kimi_bundle_codename): the bundle has noble, the inventory wants bookworm",
@@ -355,7 +358,7 @@ DIFFERENT_VALUES = {
 def test_every_compared_field_of_the_inputs_is_reported_when_it_differs(name):
     """A field added to BuildInputs without a line in compare_inputs would let preflight accept a wrong bundle."""
     changed = dataclasses.replace(inputs(), **{name: DIFFERENT_VALUES[name]})
-    assert kb.compare_inputs(changed, inputs()) != []
+    assert kbi.compare_inputs(changed, inputs()) != []
     assert changed.inputs_sha256() != inputs().inputs_sha256() or name == "inventory_name"
 
 
@@ -363,10 +366,10 @@ def test_every_compared_field_of_the_inputs_is_reported_when_it_differs(name):
 
 
 def test_manifest_entries_list_every_file_with_size_and_sha256_sorted(bundle):
-    write(bundle, kb.MANIFEST_NAME, b"old manifest")
-    write(bundle, kb.SIGNATURE_NAME, b"old signature")
+    write(bundle, kbt.MANIFEST_NAME, b"old manifest")
+    write(bundle, kbt.SIGNATURE_NAME, b"old signature")
     write(bundle, "notes/kimi-bundle.json", b"not the manifest: nested")
-    assert kb.manifest_entries(bundle) == [
+    assert kbt.manifest_entries(bundle) == [
         {"path": "apt/Packages", "size": 18, "sha256": sha(b"Package: libnccl2\n")},
         {"path": "apt/libnccl2_2.30.7-1+cuda13.3_amd64.deb", "size": 3000, "sha256": sha(b"deb" * 1000)},
         {"path": "hf/latest", "symlink": "models/moonshotai/Kimi-K2-Instruct"},
@@ -379,7 +382,7 @@ def test_manifest_entries_list_every_file_with_size_and_sha256_sorted(bundle):
 def test_files_are_hashed_in_blocks_and_the_size_is_of_the_bytes_read(tmp_path, monkeypatch):
     monkeypatch.setattr(kbt, "HASH_BLOCK", 7)
     data = bytes(range(256)) * 3
-    assert kb.hash_file(write(tmp_path, "blob", data)) == (768, sha(data))
+    assert kbt.hash_file(write(tmp_path, "blob", data)) == (768, sha(data))
 
 
 @pytest.mark.parametrize(
@@ -393,8 +396,8 @@ def test_files_are_hashed_in_blocks_and_the_size_is_of_the_bytes_read(tmp_path, 
 def test_a_symlink_leaving_the_root_is_refused_by_name(bundle, target, reason):
     write(bundle.parent, "outside", b"secret")
     (bundle / "apt" / "link").symlink_to(target)
-    with pytest.raises(kb.BundleTreeError) as caught:
-        kb.manifest_entries(bundle)
+    with pytest.raises(kbt.BundleTreeError) as caught:
+        kbt.manifest_entries(bundle)
     assert str(caught.value) == f"{bundle.resolve()}: apt/link {reason}"
 
 
@@ -405,42 +408,42 @@ def test_a_symlink_through_a_directory_link_that_leaves_the_root_is_refused(bund
     (deep / "up").symlink_to("../..")
     write(bundle.parent, "x", b"outside")
     (deep / "sneaky").symlink_to("up/../x")
-    with pytest.raises(kb.BundleTreeError, match=re.escape("a/b/sneaky is a symlink to up/../x, outside the bundle")):
-        kb.manifest_entries(bundle)
+    with pytest.raises(kbt.BundleTreeError, match=re.escape("a/b/sneaky is a symlink to up/../x, outside the bundle")):
+        kbt.manifest_entries(bundle)
 
 
 def test_a_special_file_is_refused_by_name(bundle):
     os.mkfifo(bundle / "apt" / "pipe")
-    with pytest.raises(kb.BundleTreeError, match="apt/pipe is not a regular file, a directory or a symlink"):
-        kb.manifest_entries(bundle)
+    with pytest.raises(kbt.BundleTreeError, match="apt/pipe is not a regular file, a directory or a symlink"):
+        kbt.manifest_entries(bundle)
 
 
 # ------------------------------------------------------------------------------------------ the document
 
 
 def test_the_manifest_text_is_canonical_and_reads_back(bundle):
-    document = kb.manifest_document(inputs(), kb.manifest_entries(bundle), CREATED)
-    text = kb.manifest_text(document)
+    document = kbm.manifest_document(inputs(), kbt.manifest_entries(bundle), CREATED)
+    text = kbt.manifest_text(document)
     assert text.endswith("}\n") and not text.endswith("\n\n")
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
-    assert document["schema"] == kb.SCHEMA_VERSION and document["created_at"] == "2026-03-01T12:00:00Z"
+    assert document["schema"] == kbt.SCHEMA_VERSION and document["created_at"] == "2026-03-01T12:00:00Z"
     assert document["built_for"]["inventory"] == {"name": "site-a", "sha256": inputs().inputs_sha256()}
     assert document["totals"] == {"files": 4, "symlinks": 1, "bytes": 3000 + 18 + 5 + 2}
-    again = kb.manifest_document(inputs(), kb.manifest_entries(bundle), CREATED)
-    assert kb.manifest_text(again) == text
-    assert kb.read_manifest(text) == document
-    assert kb.manifest_inputs(kb.read_manifest(text)) == inputs()
+    again = kbm.manifest_document(inputs(), kbt.manifest_entries(bundle), CREATED)
+    assert kbt.manifest_text(again) == text
+    assert kbm.read_manifest(text) == document
+    assert kbm.manifest_inputs(kbm.read_manifest(text)) == inputs()
 
 
 def test_the_creation_time_is_written_in_utc_and_must_carry_a_zone():
     later = datetime(2026, 3, 1, 14, 0, 0, tzinfo=timezone(timedelta(hours=2)))
-    assert kb.manifest_document(inputs(), [], later)["created_at"] == "2026-03-01T12:00:00Z"
+    assert kbm.manifest_document(inputs(), [], later)["created_at"] == "2026-03-01T12:00:00Z"
     with pytest.raises(ValueError, match="created_at must carry a time zone"):
-        kb.manifest_document(inputs(), [], datetime(2026, 3, 1))
+        kbm.manifest_document(inputs(), [], datetime(2026, 3, 1))
 
 
 def manifest_of(bundle: Path) -> str:
-    return kb.manifest_text(kb.manifest_document(inputs(), kb.manifest_entries(bundle), CREATED))
+    return kbt.manifest_text(kbm.manifest_document(inputs(), kbt.manifest_entries(bundle), CREATED))
 
 
 def edited(text: str, change: object) -> str:
@@ -468,14 +471,14 @@ def edited(text: str, change: object) -> str:
     ],
 )
 def test_a_manifest_that_cannot_be_trusted_is_refused_naming_the_key(bundle, change, expected):
-    with pytest.raises(kb.ManifestError) as caught:
-        kb.read_manifest(edited(manifest_of(bundle), change))
+    with pytest.raises(kbt.ManifestError) as caught:
+        kbm.read_manifest(edited(manifest_of(bundle), change))
     assert expected in str(caught.value)
 
 
 def test_a_manifest_that_is_not_json_is_refused():
-    with pytest.raises(kb.ManifestError, match=re.escape("kimi-bundle.json is not JSON")):
-        kb.read_manifest("{")
+    with pytest.raises(kbt.ManifestError, match=re.escape("kimi-bundle.json is not JSON")):
+        kbm.read_manifest("{")
 
 
 # ------------------------------------------------------------------------- the served bundle against a node
@@ -483,12 +486,12 @@ def test_a_manifest_that_is_not_json_is_refused():
 
 def served(**changes: object) -> str:
     """The manifest a mirror serves for a bundle built for GOOD with `changes` (no files: only built_for counts)."""
-    return kb.manifest_text(kb.manifest_document(inputs(**changes), [], CREATED))
+    return kbt.manifest_text(kbm.manifest_document(inputs(**changes), [], CREATED))
 
 
 def test_a_bundle_built_for_the_nodes_values_matches_and_names_its_inputs_digest():
-    match = kb.match_manifest(served(), GOOD)
-    assert match == kb.BundleMatch(inputs().inputs_sha256(), [])
+    match = kbf.match_manifest(served(), GOOD)
+    assert match == kbf.BundleMatch(inputs().inputs_sha256(), [])
 
 
 def test_a_bundle_built_for_another_pin_set_names_each_variable_and_both_values():
@@ -496,13 +499,13 @@ def test_a_bundle_built_for_another_pin_set_names_each_variable_and_both_values(
         kimi_vllm_pip_pins={"vllm": "0.23.1", "nvidia-nccl-cu13": "2.28.9"},
         kimi_deb_pins={**GOOD["kimi_deb_pins"], "libnccl2": "2.30.8-1+cuda13.3"},
     )
-    match = kb.match_manifest(text, GOOD)
+    match = kbf.match_manifest(text, GOOD)
     assert match.differences == [
         "apt package libnccl2 (kimi_deb_pins): the bundle has 2.30.8-1+cuda13.3, the inventory pins 2.30.7-1+cuda13.3",
         "pip package vllm (kimi_vllm_pip_pins): the bundle has 0.23.1, the inventory pins 0.23.0",
     ]
     assert match.inputs_sha256 != inputs().inputs_sha256()
-    assert kb.mismatch_message("node1", "http://mirror:8081/kimi-bundle.json", match.differences) == (
+    assert kbf.mismatch_message("node1", "http://mirror:8081/kimi-bundle.json", match.differences) == (
         "node1: the bundle at http://mirror:8081/kimi-bundle.json was built for other inputs than this node's "
         "(2 differences), so nothing is installed from it: apt package libnccl2 (kimi_deb_pins): the bundle has "
         "2.30.8-1+cuda13.3, the inventory pins 2.30.7-1+cuda13.3; pip package vllm (kimi_vllm_pip_pins): the bundle "
@@ -519,28 +522,28 @@ def test_a_bundle_for_another_release_and_inventory_names_them_by_variable():
         "firewall_deb_pins": {"noble": {"nftables": "1.0.6-2+deb12u2"}},
         "monitoring_deb_pins": {"noble": {"prometheus": "2.42.0+ds-5+deb12u1"}},
     }
-    assert kb.match_manifest(served(**other_release), GOOD).differences == [
+    assert kbf.match_manifest(served(**other_release), GOOD).differences == [
         "inventory_name (kimi_bundle_inventory_name): the bundle has site-b, the inventory wants site-a",
         "distribution (kimi_bundle_distribution): the bundle has ubuntu-24.04, the inventory wants debian-12",
         "codename (kimi_bundle_codename): the bundle has noble, the inventory wants bookworm",
     ]
-    one = kb.mismatch_message("node1", "kimi-bundle.json", ["codename (kimi_bundle_codename): the bundle has noble"])
+    one = kbf.mismatch_message("node1", "kimi-bundle.json", ["codename (kimi_bundle_codename): the bundle has noble"])
     assert "(1 difference)," in one
 
 
 def test_a_pin_written_otherwise_is_the_same_bundle():
     """Ansible hands the node's values over as the inventory writes them; PEP 503 names and PEP 440 versions match."""
     variables = {**GOOD, "kimi_vllm_pip_pins": {"VLLM": "0.23", "nvidia_nccl_cu13": "2.28.9"}}
-    assert kb.match_manifest(served(), variables).differences == []
+    assert kbf.match_manifest(served(), variables).differences == []
 
 
 def test_a_built_for_edited_after_the_build_is_refused_as_a_manifest_before_it_is_compared():
     document = json.loads(served())
     document["built_for"]["pip_pins"]["vllm"] = "0.23.1"
-    with pytest.raises(kb.ManifestError) as caught:
-        kb.match_manifest(json.dumps(document), {**GOOD, "kimi_vllm_pip_pins": {"vllm": "0.23.1"}})
+    with pytest.raises(kbt.ManifestError) as caught:
+        kbf.match_manifest(json.dumps(document), {**GOOD, "kimi_vllm_pip_pins": {"vllm": "0.23.1"}})
     assert "built_for.inventory.sha256 is" in str(caught.value) and "(edited after the build?)" in str(caught.value)
-    message = kb.bad_manifest_message("node1", "http://mirror:8081/kimi-bundle.json", caught.value)
+    message = kbf.bad_manifest_message("node1", "http://mirror:8081/kimi-bundle.json", caught.value)
     assert message.startswith(
         "node1: http://mirror:8081/kimi-bundle.json is not a bundle manifest this collection can use, nothing is "
         "installed from it: kimi-bundle.json: built_for.inventory.sha256 is "
@@ -555,16 +558,16 @@ def test_a_built_for_edited_after_the_build_is_refused_as_a_manifest_before_it_i
     ],
 )
 def test_a_page_that_is_no_manifest_is_refused_by_name(text, expected):
-    with pytest.raises(kb.ManifestError, match=re.escape(expected)):
-        kb.match_manifest(text, GOOD)
+    with pytest.raises(kbt.ManifestError, match=re.escape(expected)):
+        kbf.match_manifest(text, GOOD)
 
 
 def test_node_values_no_bundle_is_built_for_are_named_not_compared():
     variables = {**GOOD, "kimi_bundle_distribution": "", "vllm_python_version": 3.12}
-    with pytest.raises(kb.BundleInputError) as caught:
-        kb.match_manifest(served(), variables)
+    with pytest.raises(kbi.BundleInputError) as caught:
+        kbf.match_manifest(served(), variables)
     assert caught.value.variables == ["kimi_bundle_distribution", "vllm_python_version"]
-    message = kb.bad_node_inputs_message("node2", caught.value)
+    message = kbf.bad_node_inputs_message("node2", caught.value)
     assert message.startswith(
         "node2: the bundle cannot be matched against this node's values, which no bundle is built for: "
         "kimi_bundle_distribution must be NAME-VERSION"
@@ -576,17 +579,17 @@ def test_node_values_no_bundle_is_built_for_are_named_not_compared():
 
 
 def test_an_untouched_bundle_verifies(bundle):
-    assert kb.verify_tree(bundle, kb.read_manifest(manifest_of(bundle))) == []
+    assert kbt.verify_tree(bundle, kbm.read_manifest(manifest_of(bundle))) == []
 
 
 def test_a_truncated_file_is_named_with_both_sizes_without_hashing_it(bundle, monkeypatch):
-    document = kb.read_manifest(manifest_of(bundle))
+    document = kbm.read_manifest(manifest_of(bundle))
     deb = bundle / "apt/libnccl2_2.30.7-1+cuda13.3_amd64.deb"
     deb.write_bytes(deb.read_bytes()[:1234])
     hashed = []
-    real_hash = kb.hash_file
+    real_hash = kbt.hash_file
     monkeypatch.setattr(kbt, "hash_file", lambda path: hashed.append(path.name) or real_hash(path))
-    assert kb.verify_tree(bundle, document) == [
+    assert kbt.verify_tree(bundle, document) == [
         "apt/libnccl2_2.30.7-1+cuda13.3_amd64.deb: size 1234 bytes, the manifest says 3000 bytes"
     ]
     assert deb.name not in hashed and sorted(hashed) == sorted(
@@ -595,23 +598,23 @@ def test_a_truncated_file_is_named_with_both_sizes_without_hashing_it(bundle, mo
 
 
 def test_a_changed_byte_at_the_same_size_is_named_with_both_digests(bundle):
-    document = kb.read_manifest(manifest_of(bundle))
+    document = kbm.read_manifest(manifest_of(bundle))
     wheel = bundle / "wheels/vllm-0.23.0-cp38-abi3-manylinux_2_31_x86_64.whl"
     wheel.write_bytes(b"wheeL")
-    assert kb.verify_tree(bundle, document) == [
+    assert kbt.verify_tree(bundle, document) == [
         f"wheels/vllm-0.23.0-cp38-abi3-manylinux_2_31_x86_64.whl: sha256 {sha(b'wheeL')}, the manifest says "
         f"{sha(b'wheel')}"
     ]
-    assert kb.verify_tree(bundle, document, checksums=False) == []
+    assert kbt.verify_tree(bundle, document, checksums=False) == []
 
 
 def test_an_extra_a_missing_and_a_redirected_file_are_each_named(bundle):
-    document = kb.read_manifest(manifest_of(bundle))
+    document = kbm.read_manifest(manifest_of(bundle))
     write(bundle, "wheels/evil-1.0-py3-none-any.whl", b"extra")
     (bundle / "apt/Packages").unlink()
     (bundle / "hf/latest").unlink()
     (bundle / "hf/latest").symlink_to("models")
-    assert kb.verify_tree(bundle, document) == [
+    assert kbt.verify_tree(bundle, document) == [
         "apt/Packages: missing (the manifest lists 18 bytes)",
         "hf/latest: points to models, the manifest says models/moonshotai/Kimi-K2-Instruct",
         "wheels/evil-1.0-py3-none-any.whl: is not in the manifest (an extra file)",
@@ -619,11 +622,11 @@ def test_an_extra_a_missing_and_a_redirected_file_are_each_named(bundle):
 
 
 def test_a_directory_swapped_for_a_link_out_of_the_bundle_is_not_followed(bundle, tmp_path):
-    document = kb.read_manifest(manifest_of(bundle))
+    document = kbm.read_manifest(manifest_of(bundle))
     elsewhere = tmp_path / "elsewhere"
     (bundle / "wheels").rename(elsewhere)
     (bundle / "wheels").symlink_to(elsewhere)
-    assert kb.verify_tree(bundle, document) == [
+    assert kbt.verify_tree(bundle, document) == [
         f"wheels: is a symlink to the absolute path {elsewhere}",
         "wheels/vllm-0.23.0-cp38-abi3-manylinux_2_31_x86_64.whl: missing (the manifest lists 5 bytes)",
     ]
@@ -668,7 +671,7 @@ Filename: ./python3-venv_3.11.2-1+b1_all.deb
 
 
 def test_the_apt_index_lacks_a_pinned_version_an_unpinned_package_and_the_architecture():
-    assert kb.apt_index_problems(PACKAGES, inputs(), "apt/Packages") == [
+    assert kbm.apt_index_problems(PACKAGES, inputs(), "apt/Packages") == [
         "./nftables_1.0.6-2+deb12u2_arm64.deb (apt/Packages): built for arm64, the nodes are amd64",
         "apt package libnccl-dev 2.30.7-1+cuda13.3 (kimi_deb_pins): not in the bundle's apt/Packages "
         "(it has 2.30.6-1+cuda13.3)",
@@ -678,10 +681,10 @@ def test_the_apt_index_lacks_a_pinned_version_an_unpinned_package_and_the_archit
 
 
 def test_a_packages_index_is_read_as_deb822():
-    stanzas = kb.parse_deb822(PACKAGES)
+    stanzas = kbm.parse_deb822(PACKAGES)
     assert len(stanzas) == 6 and stanzas[0]["Description"] == "NCCL\nthe long description\n."
-    with pytest.raises(kb.BundleError, match="Packages line 2: not a 'Field: value' line: 'garbage'"):
-        kb.parse_deb822("Package: a\ngarbage\n")
+    with pytest.raises(kbt.BundleError, match="Packages line 2: not a 'Field: value' line: 'garbage'"):
+        kbm.parse_deb822("Package: a\ngarbage\n")
 
 
 WHEELS = [
@@ -695,12 +698,12 @@ WHEELS = [
 
 
 def test_a_wheelhouse_for_the_nodes_python_and_platform_has_no_problem():
-    assert kb.wheelhouse_problems(WHEELS, inputs()) == []
+    assert kbm.wheelhouse_problems(WHEELS, inputs()) == []
 
 
 def test_wheels_for_python_3_12_are_named_by_file_and_the_pin_they_leave_without_a_wheel():
     wheels = [*WHEELS[:1], "wheels/torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl", *WHEELS[3:]]
-    assert kb.wheelhouse_problems(wheels, inputs(kimi_vllm_pip_pins={"vllm": "0.23.0", "torch": "2.11.0"})) == [
+    assert kbm.wheelhouse_problems(wheels, inputs(kimi_vllm_pip_pins={"vllm": "0.23.0", "torch": "2.11.0"})) == [
         "wheels/torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl: cannot be installed with Python 3.11 on "
         "manylinux_2_36_x86_64 (its tags: cp312-cp312-manylinux_2_28_x86_64)",
         "pip package torch 2.11.0 (kimi_vllm_pip_pins): no wheel for Python 3.11 on manylinux_2_36_x86_64 in the "
@@ -710,7 +713,7 @@ def test_wheels_for_python_3_12_are_named_by_file_and_the_pin_they_leave_without
 
 def test_a_pinned_package_missing_from_the_wheelhouse_is_named_with_what_it_has():
     wanted = inputs(kimi_vllm_pip_pins={"vllm": "0.23.1"}, kimi_vllm_pip_overrides={"flashinfer-python": "0.5.2"})
-    assert kb.wheelhouse_problems(WHEELS, wanted) == [
+    assert kbm.wheelhouse_problems(WHEELS, wanted) == [
         "pip package vllm 0.23.1 (kimi_vllm_pip_pins): no wheel for Python 3.11 on manylinux_2_36_x86_64 in the "
         "bundle (it has 0.23.0)",
         "pip package flashinfer-python 0.5.2 (kimi_vllm_pip_overrides): no wheel for Python 3.11 on "
@@ -719,14 +722,14 @@ def test_a_pinned_package_missing_from_the_wheelhouse_is_named_with_what_it_has(
 
 
 def test_the_hf_cli_without_its_wheel_is_named_with_its_variable():
-    assert kb.wheelhouse_problems(WHEELS, inputs(checkpoint_hf_version="2.5.0")) == [
+    assert kbm.wheelhouse_problems(WHEELS, inputs(checkpoint_hf_version="2.5.0")) == [
         "pip package huggingface-hub 2.5.0 (checkpoint_hf_version): no wheel for Python 3.11 on "
         "manylinux_2_36_x86_64 in the bundle (it has 2.4.0)"
     ]
 
 
 def test_a_wheel_newer_than_the_nodes_glibc_and_a_bad_name_are_named():
-    problems = kb.wheelhouse_problems(
+    problems = kbm.wheelhouse_problems(
         [*WHEELS, "wheels/new-1.0-cp311-cp311-manylinux_2_39_x86_64.whl", "wheels/not-a-wheel.whl"], inputs()
     )
     assert problems[0].startswith("wheels/new-1.0-cp311-cp311-manylinux_2_39_x86_64.whl: cannot be installed")
@@ -747,7 +750,7 @@ def previous_document() -> dict:
         {"path": "wheels/torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl", "size": len(TORCH), "sha256": sha(TORCH)},
         {"path": "wheels/vllm-0.22.0-cp38-abi3-manylinux_2_31_x86_64.whl", "size": 11, "sha256": sha(OLD_VLLM)},
     ]
-    return kb.read_manifest(kb.manifest_text(kb.manifest_document(inputs(), files, CREATED)))
+    return kbm.read_manifest(kbt.manifest_text(kbm.manifest_document(inputs(), files, CREATED)))
 
 
 def test_after_a_pin_bump_only_what_changed_is_fetched():
@@ -759,7 +762,7 @@ def test_after_a_pin_bump_only_what_changed_is_fetched():
         Artifact("hf/snapshots/bbbb/model-1.safetensors", len(SHARD), sha(SHARD)),
         Artifact("hf/snapshots/bbbb/config.json", 2, None),
     ]
-    plan = kb.changed_since(previous_document(), wanted)
+    plan = kbf.changed_since(previous_document(), wanted)
     assert plan.reuse == [
         (
             "wheels/torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64.whl",
@@ -780,23 +783,23 @@ def test_after_a_pin_bump_only_what_changed_is_fetched():
 
 def test_a_file_changed_under_the_same_name_is_fetched_with_both_digests():
     changed = Artifact("wheels/vllm-0.22.0-cp38-abi3-manylinux_2_31_x86_64.whl", 11, sha(b"rebuilt"))
-    plan = kb.changed_since(previous_document(), [changed])
+    plan = kbf.changed_since(previous_document(), [changed])
     assert plan.reuse == []
     assert plan.fetch == [(changed, f"changed (sha256 {sha(OLD_VLLM)} before, {sha(b'rebuilt')} now)")]
 
 
 def test_a_published_size_that_disagrees_with_the_same_digest_is_fetched():
     odd = Artifact("hf/snapshots/aaaa/model-1.safetensors", 999, sha(SHARD))
-    plan = kb.changed_since(previous_document(), [odd])
+    plan = kbf.changed_since(previous_document(), [odd])
     assert plan.fetch == [(odd, "its published size 999 differs from the previous build's 7 bytes")]
-    assert plan.fetch_bytes() == 999 and kb.FetchPlan([], [(Artifact("x"), "new")], []).fetch_bytes() is None
+    assert plan.fetch_bytes() == 999 and kbf.FetchPlan([], [(Artifact("x"), "new")], []).fetch_bytes() is None
 
 
 def test_an_interrupted_build_resumes_from_what_its_tree_holds(tmp_path):
     """No manifest yet: the files already in place (written whole, then renamed) are the previous build."""
     write(tmp_path, "wheels/torch.whl", TORCH)
     wanted = [Artifact("wheels/torch.whl", None, sha(TORCH)), Artifact("wheels/vllm.whl", 5, "e" * 64)]
-    plan = kb.plan_fetches(kb.manifest_entries(tmp_path), wanted)
+    plan = kbf.plan_fetches(kbt.manifest_entries(tmp_path), wanted)
     assert plan.reuse == [("wheels/torch.whl", "wheels/torch.whl")] and [a.path for a, _ in plan.fetch] == [
         "wheels/vllm.whl"
     ]
@@ -807,17 +810,17 @@ def test_an_interrupted_build_resumes_from_what_its_tree_holds(tmp_path):
     [
         ([Artifact("a"), Artifact("a")], "artifact 'a': needs a unique relative path"),
         ([Artifact("../a")], "artifact '../a': needs a unique relative path"),
-        ([Artifact(kb.MANIFEST_NAME)], "artifact 'kimi-bundle.json': needs a unique relative path"),
+        ([Artifact(kbt.MANIFEST_NAME)], "artifact 'kimi-bundle.json': needs a unique relative path"),
         ([Artifact("a", -1)], "artifact a: size must be a whole number"),
         ([Artifact("a", 1, "xyz")], "artifact a: sha256 must be 64 lower-case hex digits"),
     ],
 )
 def test_bad_artifacts_are_refused_by_path(artifacts, expected):
-    with pytest.raises(kb.BundleError, match=re.escape(expected)):
-        kb.plan_fetches([], artifacts)
+    with pytest.raises(kbt.BundleError, match=re.escape(expected)):
+        kbf.plan_fetches([], artifacts)
 
 
 def test_identical_bytes_at_several_old_paths_are_reused_from_the_artifacts_own_path():
     files = [{"path": p, "size": len(SHARD), "sha256": sha(SHARD)} for p in ("a/shard", "b/shard", "c/shard")]
-    plan = kb.plan_fetches(files, [Artifact("b/shard", len(SHARD), sha(SHARD))])
+    plan = kbf.plan_fetches(files, [Artifact("b/shard", len(SHARD), sha(SHARD))])
     assert plan.reuse == [("b/shard", "b/shard")] and plan.drop == ["a/shard", "c/shard"]

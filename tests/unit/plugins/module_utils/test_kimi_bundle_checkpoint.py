@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_checkpoint as kc
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_tree import ManifestError
 
 from tests import paths
@@ -47,9 +49,9 @@ def manifest(tmp_path: Path, checkpoint: bool = True, repo: str = REPO, revision
     variables = dict(VARIABLES)
     if checkpoint:
         variables.update(kimi_bundle_checkpoint=True, kimi_checkpoint_repo_id=repo, kimi_checkpoint_revision=revision)
-    inputs = kb.inputs_from_variables(variables)
-    document = kb.manifest_document(inputs, kb.manifest_entries(root), datetime(2026, 12, 5, tzinfo=UTC))
-    return kb.manifest_text(document)
+    inputs = kbi.inputs_from_variables(variables)
+    document = kbm.manifest_document(inputs, kbt.manifest_entries(root), datetime(2026, 12, 5, tzinfo=UTC))
+    return kbt.manifest_text(document)
 
 
 def test_the_listing_has_the_hub_listings_shape_with_the_manifests_sha256(tmp_path):

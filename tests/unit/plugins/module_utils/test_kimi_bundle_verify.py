@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle as kb
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_inputs as kbi
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_manifest as kbm
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_tree as kbt
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_bundle_verify as kv
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle_signature import SignatureError
@@ -55,9 +56,9 @@ def bundle(tmp_path: Path) -> Path:
     }.items():
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_bytes(data)
-    inputs = kb.inputs_from_variables(VARIABLES)
-    document = kb.manifest_document(inputs, kb.manifest_entries(root), datetime(2026, 12, 2, tzinfo=UTC))
-    (root / kbt.MANIFEST_NAME).write_text(kb.manifest_text(document))
+    inputs = kbi.inputs_from_variables(VARIABLES)
+    document = kbm.manifest_document(inputs, kbt.manifest_entries(root), datetime(2026, 12, 2, tzinfo=UTC))
+    (root / kbt.MANIFEST_NAME).write_text(kbt.manifest_text(document))
     (root / kbt.SIGNATURE_NAME).write_bytes(ARMORED)
     return root
 
@@ -116,7 +117,7 @@ def test_a_directory_without_manifest_is_not_a_bundle(tmp_path):
 def test_a_signed_manifest_this_collection_cannot_read_is_refused_by_key(bundle):
     document = json.loads((bundle / "kimi-bundle.json").read_text())
     document["totals"]["files"] = 99
-    (bundle / "kimi-bundle.json").write_text(kb.manifest_text(document))
+    (bundle / "kimi-bundle.json").write_text(kbt.manifest_text(document))
     with pytest.raises(kbt.ManifestError, match=r"totals .* do not add up to files"):
         kv.verify_bundle(bundle, A, gpgv(VALID_A))
 
@@ -124,7 +125,7 @@ def test_a_signed_manifest_this_collection_cannot_read_is_refused_by_key(bundle)
 def test_the_mirror_check_reads_what_the_full_check_reads(bundle):
     # read_document is read_manifest without the inputs: both accept the builder's manifest alike.
     text = (bundle / "kimi-bundle.json").read_text()
-    assert kbt.read_document(text) == kb.read_manifest(text)
+    assert kbt.read_document(text) == kbm.read_manifest(text)
 
 
 def test_the_failure_message_names_each_file_and_how_many_more():
@@ -135,7 +136,8 @@ def test_the_failure_message_names_each_file_and_how_many_more():
 
 @pytest.mark.parametrize("name", MIRROR_MODULES)
 def test_what_the_mirror_host_runs_is_stdlib_only(name):
-    """A node's python3 has no `packaging`: kimi_bundle.py may not be imported on the mirror host."""
+    """A node's python3 has no `packaging`: kimi_bundle_inputs.py, kimi_bundle_manifest.py and
+    kimi_bundle_fetch.py may not be imported on the mirror host."""
     tree = ast.parse((paths.REPO_ROOT / "plugins" / "module_utils" / f"{name}.py").read_text())
     absolute, siblings = set(), set()
     for node in ast.walk(tree):

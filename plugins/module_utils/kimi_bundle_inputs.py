@@ -1,21 +1,14 @@
-"""The manifest of an air-gapped bundle (bin/kimi-bundle): what the bundle was built for, what it holds, and the
-checks the mirror host and preflight run on it before anything is served or installed.
+"""What an air-gapped bundle (bin/kimi-bundle) is built for, and how two such sets of inputs differ.
 
-A bundle is a directory: the apt repository, the wheelhouse and optionally the checkpoint laid out as a Hub
-mirror, plus MANIFEST_NAME (the document this module writes) and its detached signature SIGNATURE_NAME. The
-manifest records every file's size and sha256 and the inputs the bundle was built for (distribution, Python,
-pip platforms, the apt and pip pins, the checkpoint, the inventory), so that
+The inputs are the inventory's resolved variables (INPUT_VARIABLES: distribution, Python, pip platforms, the
+apt and pip pins, the hf CLI's version, the checkpoint, the inventory's name), judged as a build judges them
+(inputs_from_variables names every bad variable at once) into BuildInputs, whose digest the manifest records;
+compare_inputs lists every difference between what a bundle was built for and what a node wants, each naming its
+variable, so that preflight's refusal says what to change.
 
-- the mirror host checks sizes, then checksums, before serving anything (verify_tree);
-- preflight refuses a bundle built for other inputs, naming each difference (compare_inputs; match_manifest
-  against the manifest the mirror serves);
-- the bundle's apt index and wheelhouse are checked against its pins (apt_index_problems, wheelhouse_problems);
-- building again after a pin bump fetches only what changed, and an interrupted build resumes (plan_fetches).
-
-Stdlib and `packaging` only, free of Ansible imports; the only I/O is reading the tree a caller names. The tree
-walk, the files' checks and the document's shape are kimi_bundle_tree.py's (stdlib only: the mirror host runs
-them), re-exported here.
-Imported as ``ansible_collections.kimi.k2.plugins.module_utils.kimi_bundle`` everywhere, the tests included.
+Separate from kimi_bundle_manifest (the document and the bundle's contents, which import this) because these are
+the bundle's inputs alone: bin/kimi-bundle's `inputs` command and playbooks/bundle_inputs.yml need nothing else.
+Stdlib and `packaging` only (pip names and versions as pip compares them), free of Ansible imports and of I/O.
 """
 
 from __future__ import annotations
@@ -24,42 +17,15 @@ import hashlib
 import json
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from pathlib import PurePosixPath
 from typing import Any, TypeVar
 
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .kimi_bundle_tree import (
-    MANIFEST_KIND,
-    MANIFEST_NAME,
-    OWN_FILES,
-    SCHEMA_VERSION,
-    SHA256_HEX,
-    BundleError,
-    ManifestError,
-    checked_entries,
-    read_document,
-    totals,
-)
-
-# The rest of the manifest's stdlib-only part (kimi_bundle_tree.py, which the mirror host runs), re-exported: the
-# builder, preflight and the tests read every manifest name here.
-from .kimi_bundle_tree import SIGNATURE_NAME as SIGNATURE_NAME
-from .kimi_bundle_tree import BundleTreeError as BundleTreeError
-from .kimi_bundle_tree import TreeItem as TreeItem
-from .kimi_bundle_tree import hash_file as hash_file
-from .kimi_bundle_tree import manifest_entries as manifest_entries
-from .kimi_bundle_tree import manifest_text as manifest_text
-from .kimi_bundle_tree import safe_path as _safe_path  # its name here before it moved (kimi_bundle_hf imports it)
-from .kimi_bundle_tree import tree_items as tree_items
-from .kimi_bundle_tree import verify_tree as verify_tree
+from .kimi_bundle_tree import BundleError
 from .kimi_inputs import DEBIAN_VERSION, HEX_COMMIT, REPO_ID, as_bool
-from .kimi_pinset import expand_platforms
 
 # The inventory variables a bundle is built from (resolved values, as an Ansible task passes them).
 INVENTORY_NAME = "kimi_bundle_inventory_name"
@@ -514,7 +480,8 @@ def _same_pip_version(have: str, want: str) -> bool:
     return Version(have) == Version(want)
 
 
-def _apt_source(inputs: BuildInputs) -> Callable[[str], str]:
+def apt_source(inputs: BuildInputs) -> Callable[[str], str]:
+    """The variable each apt pin of `inputs` came from, for messages (kimi_bundle_manifest names it too)."""
     return lambda package: inputs.apt_pin_sources.get(package, DEB_PINS)
 
 
@@ -567,7 +534,7 @@ def compare_inputs(bundle: BuildInputs, wanted: BuildInputs) -> list[str]:
     lines = []
     for name in ("inventory_name", "distribution", "codename", "architecture", "python_version", "platforms"):
         lines += _field_difference(name, getattr(bundle, name), getattr(wanted, name))
-    lines += _pin_differences("apt package", bundle.apt_pins, wanted.apt_pins, _apt_source(wanted))
+    lines += _pin_differences("apt package", bundle.apt_pins, wanted.apt_pins, apt_source(wanted))
     lines += _field_difference("apt_packages", bundle.apt_packages, wanted.apt_packages)
     lines += _pin_differences("pip package", bundle.pip_pins, wanted.pip_pins, lambda _: PIP_PINS, _same_pip_version)
     lines += _pin_differences(
@@ -576,284 +543,3 @@ def compare_inputs(bundle: BuildInputs, wanted: BuildInputs) -> list[str]:
     lines += _field_difference("hf_version", bundle.hf_version, wanted.hf_version)
     lines += _checkpoint_differences(bundle.checkpoint, wanted.checkpoint)
     return lines
-
-
-# ------------------------------------------------------------------------------------------ the document
-
-
-def _timestamp(created_at: datetime) -> str:
-    if created_at.tzinfo is None:
-        raise ValueError("created_at must carry a time zone (datetime.now(UTC))")
-    return created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def manifest_document(inputs: BuildInputs, entries: Sequence[Mapping[str, Any]], created_at: datetime) -> dict:
-    """The manifest: schema, when, what the bundle was built for, every file, and totals to read at a glance."""
-    files = checked_entries(list(entries))
-    return {
-        "schema": SCHEMA_VERSION,
-        "kind": MANIFEST_KIND,
-        "created_at": _timestamp(created_at),
-        "built_for": inputs.to_dict(),
-        "files": files,
-        "totals": totals(files),
-    }
-
-
-def read_manifest(text: str) -> dict[str, Any]:
-    """A manifest's document after every check that needs no tree: kimi_bundle_tree.read_document's (schema,
-    kind, files, totals), then built_for's inputs against the sha256 recorded with them. ManifestError names the
-    key that fails."""
-    document = read_document(text)
-    inputs = manifest_inputs(document)
-    recorded = document["built_for"].get("inventory", {}).get("sha256")
-    if recorded != inputs.inputs_sha256():
-        raise ManifestError(
-            f"{MANIFEST_NAME}: built_for.inventory.sha256 is {recorded}, its inputs hash to {inputs.inputs_sha256()} "
-            "(edited after the build?)"
-        )
-    return document
-
-
-def manifest_inputs(document: Mapping[str, Any]) -> BuildInputs:
-    try:
-        return inputs_from_dict(document.get("built_for"))
-    except BundleInputError as error:
-        raise ManifestError(f"{MANIFEST_NAME}: {error}") from None
-
-
-# ------------------------------------------------------------------------- the served bundle against a node
-
-
-@dataclass(frozen=True)
-class BundleMatch:
-    """A served bundle against one node: the inputs digest its manifest records, and every difference between
-    what it was built for and the node's inputs (compare_inputs' lines; none: built for exactly these inputs)."""
-
-    inputs_sha256: str
-    differences: list[str]
-
-
-def match_manifest(text: str, variables: Mapping[str, Any]) -> BundleMatch:
-    """The manifest `text` (as the mirror serves it) against one node's resolved `variables` (INPUT_VARIABLES).
-
-    The manifest goes through read_manifest first, so a built_for edited after the build never counts as what the
-    bundle holds (ManifestError); the node's values are judged as a build judges them (BundleInputError names each
-    bad variable), so a value no bundle could be built for is named as such, not as a difference."""
-    bundle = manifest_inputs(read_manifest(text))
-    return BundleMatch(bundle.inputs_sha256(), compare_inputs(bundle, inputs_from_variables(variables)))
-
-
-def mismatch_message(host: str, source: str, differences: Sequence[str]) -> str:
-    """The refusal of a bundle built for other inputs: the node, the manifest's address, every difference (each
-    names the variable and both values), and the two ways out."""
-    count = f"{len(differences)} difference{'s' if len(differences) != 1 else ''}"
-    return (
-        f"{host}: the bundle at {source} was built for other inputs than this node's ({count}), so nothing is "
-        f"installed from it: {'; '.join(differences)}. Build and serve a bundle for this inventory "
-        "(bin/kimi-bundle build -i INVENTORY), or set these variables as the bundle has them."
-    )
-
-
-def bad_node_inputs_message(host: str, error: BundleInputError) -> str:
-    """The refusal of a node whose own values no bundle could be built for (bin/kimi-bundle build refuses them
-    too), each bad variable named."""
-    problems = "; ".join(f"{variable} {message}" for variable, message in error.problems)
-    return f"{host}: the bundle cannot be matched against this node's values, which no bundle is built for: {problems}"
-
-
-def bad_manifest_message(host: str, source: str, error: BundleError) -> str:
-    """The refusal of a manifest this collection cannot read or trust (not JSON, another schema, edited)."""
-    return f"{host}: {source} is not a bundle manifest this collection can use, nothing is installed from it: {error}"
-
-
-# ------------------------------------------------------------------------------- the bundle's contents
-
-
-def parse_deb822(text: str, where: str = "Packages") -> list[dict[str, str]]:
-    """The stanzas of a Debian control-format file (an apt Packages index): field -> value, continuation
-    lines joined with newlines."""
-    stanzas: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    last = ""
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            if current:
-                stanzas.append(current)
-            current, last = {}, ""
-        elif line[0] in " \t" and last:
-            current[last] += "\n" + line[1:]
-        elif ":" in line and line[0] not in " \t#":
-            last, value = (part.strip() for part in line.split(":", 1))
-            current[last] = value
-        else:
-            raise BundleError(f"{where} line {number}: not a 'Field: value' line: {line!r}")
-    if current:
-        stanzas.append(current)
-    return stanzas
-
-
-def _index_versions(stanzas: Iterable[Mapping[str, str]], architecture: str, where: str) -> tuple[dict, list[str]]:
-    """{package: versions the nodes can install} and the index's files built for another architecture."""
-    versions: dict[str, set[str]] = {}
-    foreign = []
-    for stanza in stanzas:
-        arch = stanza.get("Architecture", "")
-        if arch not in (architecture, "all"):
-            foreign.append(
-                f"{stanza.get('Filename', stanza.get('Package'))} ({where}): built for {arch}, "
-                f"the nodes are {architecture}"
-            )
-            continue
-        versions.setdefault(stanza.get("Package", ""), set()).add(stanza.get("Version", ""))
-    return versions, foreign
-
-
-def apt_index_problems(packages_text: str, inputs: BuildInputs, where: str = "Packages") -> list[str]:
-    """What the bundle's apt index lacks for `inputs`: every pinned package at its version, every unpinned one
-    at some version, nothing for another architecture; each line names the package and the variable."""
-    versions, problems = _index_versions(parse_deb822(packages_text, where), inputs.architecture, where)
-    source = _apt_source(inputs)
-    for package, version in inputs.apt_pins.items():
-        have = versions.get(package, set())
-        if version not in have:
-            it_has = f" (it has {', '.join(sorted(have))})" if have else ""
-            problems.append(f"apt package {package} {version} ({source(package)}): not in the bundle's {where}{it_has}")
-    for package in inputs.apt_packages:
-        if package not in versions:
-            problems.append(f"apt package {package} ({APT_PACKAGES}): not in the bundle's {where}")
-    return problems
-
-
-def supported_tags(python_version: str, platforms: Iterable[str]) -> set[Tag]:
-    """Every wheel tag CPython `python_version` on `platforms` installs, as pip on the node would accept them."""
-    minor = int(python_version.split(".")[1])
-    expanded = expand_platforms(platforms)
-    # pip on a node also accepts wheels built locally (linux_<machine>), which --platform tags leave out.
-    expanded += sorted({f"linux_{found.group(1)}" for found in map(PLATFORM_TAG.fullmatch, expanded) if found})
-    version = (3, minor)
-    tags = set(cpython_tags(python_version=version, platforms=expanded))
-    return tags | set(compatible_tags(python_version=version, interpreter=f"cp3{minor}", platforms=expanded))
-
-
-def wheelhouse_problems(wheel_paths: Iterable[str], inputs: BuildInputs) -> list[str]:
-    """Wheels the nodes cannot install (named by file) and pins without an installable wheel (named by
-    variable), for the bundle's Python and platforms."""
-    supported = supported_tags(inputs.python_version, inputs.platforms)
-    target = f"Python {inputs.python_version} on {', '.join(inputs.platforms)}"
-    installable: dict[str, list[Version]] = {}
-    problems = []
-    for path in sorted(wheel_paths):
-        try:
-            name, version, _, tags = parse_wheel_filename(PurePosixPath(path).name)
-        except InvalidWheelFilename as error:
-            problems.append(f"{path}: not a wheel file name ({error})")
-            continue
-        if tags & supported:
-            installable.setdefault(name, []).append(version)
-        else:
-            problems.append(
-                f"{path}: cannot be installed with {target} (its tags: {', '.join(sorted(map(str, tags)))})"
-            )
-    hf_pin = {HF_DISTRIBUTION: inputs.hf_version} if inputs.hf_version else {}
-    for variable, pins in ((PIP_PINS, inputs.pip_pins), (PIP_OVERRIDES, inputs.pip_overrides), (HF_VERSION, hf_pin)):
-        for name, version in pins.items():
-            have = installable.get(name, [])
-            if Version(version) not in have:
-                it_has = f" (it has {', '.join(sorted(map(str, have)))})" if have else ""
-                problems.append(
-                    f"pip package {name} {version} ({variable}): no wheel for {target} in the bundle{it_has}"
-                )
-    return problems
-
-
-# -------------------------------------------------------------------------------------------- rebuilding
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """One file the new build needs, where it goes in the bundle, and its size and sha256 when the source
-    publishes them in advance (apt's Packages, pip's report, the Hub's LFS entries)."""
-
-    path: str
-    size: int | None = None
-    sha256: str | None = None
-
-
-@dataclass(frozen=True)
-class FetchPlan:
-    """reuse: (new path, old path holding the same bytes); fetch: (artifact, why); drop: old paths not needed.
-
-    A builder links or copies the reused files first, then fetches, then removes the dropped ones.
-    """
-
-    reuse: list[tuple[str, str]]
-    fetch: list[tuple[Artifact, str]]
-    drop: list[str]
-
-    def fetch_bytes(self) -> int | None:
-        """Bytes to download; None when some artifact's size is not known in advance."""
-        sizes = [artifact.size for artifact, _ in self.fetch]
-        return None if None in sizes else sum(sizes)
-
-
-def _checked_artifacts(wanted: Iterable[Artifact]) -> list[Artifact]:
-    artifacts = list(wanted)
-    seen: set[str] = set()
-    for artifact in artifacts:
-        if not _safe_path(artifact.path) or artifact.path in OWN_FILES or artifact.path in seen:
-            raise BundleError(f"artifact {artifact.path!r}: needs a unique relative path inside the bundle")
-        if artifact.size is not None and (isinstance(artifact.size, bool) or artifact.size < 0):
-            raise BundleError(f"artifact {artifact.path}: size must be a whole number of bytes or None")
-        if artifact.sha256 is not None and not SHA256_HEX.fullmatch(artifact.sha256):
-            raise BundleError(f"artifact {artifact.path}: sha256 must be 64 lower-case hex digits or None")
-        seen.add(artifact.path)
-    return artifacts
-
-
-def _reuse_source(artifact: Artifact, have: Mapping[str, Mapping], by_sha256: Mapping[str, list[str]]) -> str | None:
-    """The old path holding exactly the artifact's bytes (its own path first), or None."""
-    candidates = by_sha256.get(artifact.sha256 or "", [])
-    for path in sorted(candidates, key=lambda p: p != artifact.path):
-        if artifact.size is None or have[path]["size"] == artifact.size:
-            return path
-    return None
-
-
-def _fetch_reason(artifact: Artifact, have: Mapping[str, Mapping]) -> str:
-    if artifact.sha256 is None:
-        return "its sha256 is not known before the download"
-    if artifact.path not in have:
-        return "not in the previous build"
-    before = have[artifact.path]
-    if "sha256" not in before:
-        return "a symlink in the previous build"
-    if before["sha256"] == artifact.sha256:
-        return f"its published size {artifact.size} differs from the previous build's {before['size']} bytes"
-    return f"changed (sha256 {before['sha256']} before, {artifact.sha256} now)"
-
-
-def plan_fetches(have: Sequence[Mapping[str, Any]], wanted: Iterable[Artifact]) -> FetchPlan:
-    """What a build can reuse from files it already has (a previous manifest's files, or manifest_entries of
-    an interrupted build's tree) and what it must fetch. Reuse is by sha256 only, so a file reached under a
-    new path (a checkpoint blob at another revision) is reused too; one without a known sha256 is fetched."""
-    entries = {entry["path"]: entry for entry in checked_entries(list(have), "previous files")}
-    by_sha256: dict[str, list[str]] = {}
-    for path, entry in entries.items():
-        if "sha256" in entry:
-            by_sha256.setdefault(entry["sha256"], []).append(path)
-    reuse, fetch = [], []
-    artifacts = _checked_artifacts(wanted)
-    for artifact in artifacts:
-        source = _reuse_source(artifact, entries, by_sha256)
-        if source is None:
-            fetch.append((artifact, _fetch_reason(artifact, entries)))
-        else:
-            reuse.append((artifact.path, source))
-    wanted_paths = {artifact.path for artifact in artifacts}
-    return FetchPlan(reuse, fetch, sorted(set(entries) - wanted_paths))
-
-
-def changed_since(old_document: Mapping[str, Any], wanted: Iterable[Artifact]) -> FetchPlan:
-    """plan_fetches against the previous bundle's manifest (read with read_manifest)."""
-    return plan_fetches(checked_entries(old_document.get("files")), wanted)
