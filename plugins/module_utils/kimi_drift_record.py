@@ -5,10 +5,11 @@ what, on which host, with which diff).
 Drift of a converged cluster is everything that no longer equals what site.yml would make of it: the inputs are
 plain data gathered by playbooks/drift.yml, nothing in these modules touches a node or the network, and every rule
 is unit-tested on its own (tests/unit/plugins/module_utils/test_kimi_drift.py). The code is cut in three along what
-depends on what: this module (the record, and Finding, which the other two build on), kimi_drift_rules (parity,
+depends on what: this module (the record, and Finding, which the rules build on), kimi_drift_rules (parity,
 checkpoint, service and health checks and the report that assembles them) and kimi_drift_render (the table,
-Markdown and JSON of a finished report). This one is separate because it reads one input, the callback's record,
-whose format the callback (plugins/callback/kimi_drift_changes.py) and its tests share: classify is that contract.
+Markdown and JSON of a finished report). This one is separate because it reads one input, the record that
+plugins/callback/kimi_drift_changes.py writes, and nothing else: the callback's own tests classify its records
+with this module's classify, without the rules or the rendering.
 """
 
 from __future__ import annotations
