@@ -1,6 +1,7 @@
 """Day 2 on the real lab: Prometheus and Alertmanager watch the serving group, a power cut of either node heals
-by itself (the serve watchdog), the alerts fire and resolve at a webhook on the controller, and a drift made by
-hand becomes a firing alert. Every figure is printed (pytest -s shows them; the README quotes them).
+by itself (the serve watchdog), the alerts fire and resolve at a webhook on the controller, an operator's stop of
+rank 0 leaves the headless rank running until rank 0 starts again, and a drift made by hand becomes a firing
+alert. Every figure is printed (pytest -s shows them; the README quotes them).
 
 All of it reuses the session's one serving converge (site.yml with the monitoring phase); each test ends with
 the group generating again, as the next test expects.
@@ -239,6 +240,42 @@ def unit_record(lab, node: str) -> dict[str, str]:
     properties = ("ActiveState", "Result", "ExecMainStartTimestampMonotonic", "NRestarts")
     shown = lab.ssh(node, f"systemctl show -p {','.join(properties)} {UNITS[node]}").stdout
     return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def test_an_operator_stop_of_rank_0_leaves_the_headless_rank_running_and_a_start_brings_the_group_back(serving):
+    assert generates_a_token(), "the group does not serve before the stop"
+    headless_run = invocation(serving, "node2")
+    since = serving.ssh("node2", "date +%s").stdout.strip()
+
+    def headless_restarts() -> list[str]:
+        journal = serving.ssh("node2", f"journalctl --no-pager -u kimi-vllm-watchdog.service --since @{since} -o cat")
+        return [line for line in journal.stdout.splitlines() if "restarting (" in line]
+
+    try:
+        assert serving.ssh("node1", f"systemctl stop {UNITS['node1']}").returncode == 0
+        # Four of the lab's watchdog checks (every 10 s): the rendezvous rule alone would restart after two.
+        time.sleep(40)
+        assert unit_record(serving, "node1")["ActiveState"] in ("inactive", "failed")
+        assert " stopped: " in last_verdict(serving, "node1")
+        assert invocation(serving, "node2") == headless_run, (
+            "the headless rank was restarted while rank 0 stayed stopped:\n" + watchdog_journal(serving, "node2")
+        )
+        assert unit_record(serving, "node2")["ActiveState"] == "active"
+        verdict = last_verdict(serving, "node2")
+        assert " rank0_stopped: nothing listens on rank 0's rendezvous" in verdict, verdict
+        assert headless_restarts() == []
+        # The operator starts rank 0 again: the headless rank follows through the rendezvous rule.
+        assert serving.ssh("node1", f"systemctl start {UNITS['node1']}").returncode == 0
+        started = time.monotonic()
+        served = wait_until_generating(started)
+        assert invocation(serving, "node2") != headless_run, "the headless rank never followed the new rank 0"
+        restarts = headless_restarts()
+        assert len(restarts) == 1 and "(rendezvous_closed)" in restarts[0], restarts
+        print(f"operator stop of rank 0: headless left running; start to serving {served - started:.1f} s")
+    finally:
+        if not generates_a_token(timeout=10):
+            result = run_playbook(REPO_ROOT / "site.yml", LAB_INVENTORY, tags="serve")
+            assert result.rc == 0, result.failure_messages()
 
 
 def test_a_paused_watchdog_does_not_heal_and_a_stopped_group_stays_stopped(serving):

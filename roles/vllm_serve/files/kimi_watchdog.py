@@ -21,6 +21,7 @@ import argparse
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,7 @@ VERDICTS = (
     "busy",  # a headless rank's view: rank 0 accepted /health but answered slowly
     "suspect",  # a failing check, fewer than the threshold in a row
     "waiting",  # not serving, but the fix is another node's (or still too early to tell)
+    "rank0_stopped",  # a headless rank's view: nothing listens on rank 0's rendezvous port (stopped, not restarted)
     "unknown",  # nothing to judge with
     "restart",
     "backoff",  # a restart is due, the back-off has not passed
@@ -70,6 +72,8 @@ CLOSED_CONFIRMATIONS = 2
 # An HTTP request whose connection was not made in time (a rank 0 whose node is down); "timeout" is an answer
 # that did not come in time on a connection that was made (a rank 0 that is there but slow).
 CONNECT_TIMEOUT = "connect timeout"
+# A TCP connect to rank 0's master port that its node refused: rank 0's host is up and its unit is not running.
+PORT_OPEN, PORT_REFUSED = "open", "refused"
 METRICS_FILE = "kimi_watchdog.prom"
 DEFAULT_CONFIG = "/etc/kimi/watchdog.json"
 # Debian's node-exporter reads this directory; Debian 12 ships 0755 root.
@@ -190,6 +194,9 @@ class Observation:
     tokens: float | None = None  # rank 0: vLLM's token counters, summed; None: not read
     probe: Http | None = None  # rank 0: the one-token request; None: not sent
     rendezvous_states: tuple[str, ...] = ()  # headless: TCP states of its sockets to rank 0's master port
+    # headless: a TCP connect to rank 0's master port, made only when the group looks gone: "open", "refused"
+    # (rank 0's node is up and nothing listens: its unit is not running), another error; "" when not tried.
+    rendezvous_port: str = ""
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,12 @@ def wants_probe(config: Config, state: State, health: Http | None, tokens: float
         and health.ok
         and not tokens_grew(state.last_tokens, tokens)
     )
+
+
+def wants_port_check(states: Sequence[str], health: Http | None) -> bool:
+    """A headless rank connects to rank 0's master port only when its group looks gone (the rendezvous closed, or
+    rank 0's /health failing): never while the group serves, so a healthy rank 0 is never touched by it."""
+    return rendezvous_closed(states) or (health is not None and not health.ok and health.error != "timeout")
 
 
 def needs_a_look(obs: Observation) -> bool:
@@ -362,6 +375,24 @@ def _stall(obs: Observation) -> str:
 
 
 def _judge_headless(config: Config, state: State, obs: Observation) -> tuple[_Finding, State]:
+    finding, state = _judge_headless_group(config, state, obs)
+    if finding.verdict in ("suspect", "restart") and obs.rendezvous_port == PORT_REFUSED:
+        # Rank 0's unit is not running: an operator's stop (or rank 0 between a stop and its start). A restart
+        # here is a full reload of this rank's weights for a rank 0 that may never come; the streaks keep
+        # counting, so the rank follows at once when rank 0 listens again (a restart of rank 0, or its start).
+        return _rank0_stopped(config), state
+    return finding, state
+
+
+def _rank0_stopped(config: Config) -> _Finding:
+    return _Finding(
+        "rank0_stopped",
+        f"nothing listens on rank 0's rendezvous ({config.rendezvous}): rank 0 is not running (stopped by an "
+        "operator, or not started yet); this rank keeps its process and follows when rank 0 listens again",
+    )
+
+
+def _judge_headless_group(config: Config, state: State, obs: Observation) -> tuple[_Finding, State]:
     closed = rendezvous_closed(obs.rendezvous_states)
     health_ok = obs.health is not None and obs.health.ok
     served = state.served or (health_ok and _in_a_group(config, obs))
@@ -682,6 +713,22 @@ def _network_error(reason: object) -> str:
     return f"unreachable ({reason})"
 
 
+def tcp_connect(address: str, timeout: float) -> str:
+    """Whether anything listens on "HOST:PORT": PORT_OPEN, PORT_REFUSED, or why neither (a connect timeout: a node
+    that is down). The connection is closed at once without a byte sent; rank 0's store reads it as a client that
+    went away."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return PORT_OPEN
+    except ConnectionRefusedError:
+        return PORT_REFUSED
+    except TimeoutError:
+        return CONNECT_TIMEOUT
+    except (OSError, ValueError) as error:
+        return _network_error(error)
+
+
 def read_unit(run: Runner, unit: str) -> UnitState:
     argv = ["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", "-p", "ExecMainStartTimestamp"]
     code, out, _ = run([*argv, "--timestamp=unix", unit])
@@ -729,6 +776,7 @@ class System:
 
     run: Runner = run_command
     request: Requester = http_request
+    connect: Callable[[str, float], str] = tcp_connect
     clock: Callable[[], float] = time.time
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     emit: Callable[[str], None] = print
@@ -741,10 +789,13 @@ def observe(config: Config, state: State, obs: Observation, system: System) -> O
         health, _ = system.request(config.health_url, None, {}, config.http_timeout_s)
     if config.role == HEADLESS:
         states: tuple[str, ...] = ()
+        port = ""
         if config.rendezvous:
             _, out, _ = system.run(["ss", "-Htan"])
             states = tuple(rendezvous_states(out, config.rendezvous))
-        return replace(obs, health=health, rendezvous_states=states)
+            if wants_port_check(states, health):
+                port = system.connect(config.rendezvous, config.http_timeout_s)
+        return replace(obs, health=health, rendezvous_states=states, rendezvous_port=port)
     tokens = None
     if config.metrics_url:
         answer, text = system.request(config.metrics_url, None, {}, config.http_timeout_s)

@@ -51,6 +51,8 @@ from kimi_watchdog import (  # noqa: E402
     rendezvous_states,
     state_from_json,
     state_to_json,
+    tcp_connect,
+    wants_port_check,
     wants_probe,
 )
 
@@ -350,10 +352,72 @@ def test_an_operator_stop_is_left_stopped_on_both_roles():
         assert node.restarts == []
 
 
-def test_a_headless_rank_whose_rank_0_was_stopped_alone_is_restarted_which_is_why_a_group_stops_whole():
+def test_an_operator_stop_of_rank_0_alone_leaves_the_headless_rank_alone_until_rank_0_starts_again():
+    # systemctl stop kimi-vllm on node1: its end of the rendezvous closes and nothing listens on the master port.
     node2 = headless()
     node2.check(health=OK, rendezvous_states=("ESTAB",))
-    assert node2.checks(2, health=REFUSED, rendezvous_states=("CLOSE-WAIT",))[-1] == "restart"
+    verdicts = node2.checks(100, health=REFUSED, rendezvous_states=("CLOSE-WAIT",), rendezvous_port="refused")
+    assert set(verdicts) == {"rank0_stopped"}
+    assert node2.restarts == []
+    assert "rank 0 is not running (stopped by an operator" in node2.decisions[-1].why
+    assert "198.18.0.11:29501" in node2.decisions[-1].why
+    # systemctl start kimi-vllm: rank 0 listens and waits for its group; the rank follows at the first check.
+    assert node2.check(health=REFUSED, rendezvous_states=("CLOSE-WAIT",), rendezvous_port="open").verdict == "restart"
+    assert node2.restarts == ["rendezvous_closed"]
+    assert set(node2.checks(4, health=REFUSED, rendezvous_states=("ESTAB",))) == {"loading"}
+    assert node2.check(health=OK, rendezvous_states=("ESTAB",)).verdict == "healthy"
+
+
+def test_rank_0_stopped_where_the_headless_socket_stayed_open_is_also_left_alone():
+    # A rank 0 whose /health fails while the rank's socket still reads ESTAB (no FIN seen): the lost-group rule
+    # is held back the same way while nothing listens, and acts at once when rank 0 listens again.
+    node2 = headless()
+    node2.check(health=OK, rendezvous_states=("ESTAB",))
+    verdicts = node2.checks(20, health=REFUSED, rendezvous_states=("ESTAB",), rendezvous_port="refused")
+    assert set(verdicts) == {"rank0_stopped"}
+    assert node2.check(health=REFUSED, rendezvous_states=("ESTAB",), rendezvous_port="open").verdict == "restart"
+    assert node2.restarts == ["rank0_lost"]
+
+
+def test_a_stopped_rank_0_holds_back_the_never_joined_rule_too():
+    node2 = headless(started=T0 - 5000)
+    assert set(node2.checks(10, health=REFUSED, rendezvous_states=(), rendezvous_port="refused")) == {"rank0_stopped"}
+    assert node2.check(health=REFUSED, rendezvous_states=(), rendezvous_port="open").verdict == "restart"
+    assert node2.restarts == ["never_joined"]
+
+
+def test_a_rank_0_node_that_is_down_is_not_a_stop_the_lost_group_rule_still_acts():
+    # A power cut: the connect to the master port times out (no host answers), unlike a refused port.
+    node2 = headless()
+    node2.check(health=OK, rendezvous_states=("ESTAB",))
+    verdicts = node2.checks(3, health=GONE, rendezvous_states=("ESTAB",), rendezvous_port="connect timeout")
+    assert verdicts == ["suspect", "suspect", "restart"]
+    assert node2.restarts == ["rank0_lost"]
+
+
+@pytest.mark.parametrize(
+    ("states", "health", "wanted"),
+    [
+        (("ESTAB",), OK, False),  # a serving group: rank 0 is never touched
+        (("ESTAB",), TIMEOUT, False),  # a busy rank 0 is there
+        (("ESTAB",), None, False),  # rank 0's API not reachable from here, rendezvous live
+        (("CLOSE-WAIT",), None, True),
+        (("CLOSE-WAIT",), OK, True),
+        (("ESTAB",), REFUSED, True),
+        ((), GONE, True),
+    ],
+)
+def test_the_master_port_is_tried_only_when_the_group_looks_gone(states, health, wanted):
+    assert wants_port_check(states, health) is wanted
+
+
+def test_tcp_connect_tells_a_listening_port_from_a_refused_one():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        assert tcp_connect(f"127.0.0.1:{server.getsockname()[1]}", 2.0) == "open"
+    assert tcp_connect(f"127.0.0.1:{closed_port()}", 2.0) == "refused"
+    assert tcp_connect("[::1]:0", 2.0) != "open"
 
 
 @pytest.mark.parametrize("active", ["activating", "deactivating", "reloading"])
@@ -719,6 +783,8 @@ class FakeNode:
         self.requests: list[tuple[str, bytes | None, dict, float]] = []
         self.commands: list[list[str]] = []
         self.restart_code = 0
+        self.port = "open"  # rank 0's master port, as a TCP connect finds it
+        self.connects: list[str] = []
         self.environ: dict[str, str] = {"JOURNAL_STREAM": "8:1234"}
         self.lines: list[str] = []
 
@@ -739,9 +805,18 @@ class FakeNode:
             self.on_request[url]()
         return self.answers.get(url, (REFUSED, ""))
 
+    def connect(self, address, timeout) -> str:
+        self.connects.append(address)
+        return self.port
+
     def system(self) -> System:
         return System(
-            run=self.run, request=self.request, clock=lambda: self.now, environ=self.environ, emit=self.lines.append
+            run=self.run,
+            request=self.request,
+            connect=self.connect,
+            clock=lambda: self.now,
+            environ=self.environ,
+            emit=self.lines.append,
         )
 
     def main(self, *args: str) -> int:
@@ -837,6 +912,26 @@ def test_main_on_a_headless_rank_reads_the_sockets_and_acts_on_a_confirmed_close
     node.main()
     assert node.restarts == [["systemctl", "restart", "--no-block", HEADLESS_UNIT]]
     assert ["ss", "-Htan"] in node.commands
+    assert "(rendezvous_closed)" in node.lines[-1]
+
+
+def test_main_on_a_headless_rank_leaves_the_rank_alone_while_rank_0s_port_refuses_and_says_why(tmp_path):
+    node = FakeNode(tmp_path, HEADLESS_JSON)
+    node.answers = {HEADLESS_JSON["health_url"]: (OK, "")}
+    node.ss = SS_JOINED
+    node.main()
+    assert node.connects == [], "a serving group's rank 0 was connected to"
+    node.ss, node.answers, node.port = SS_RANK_0_GONE, {}, "refused"
+    for _ in range(5):
+        node.main()
+    assert node.restarts == []
+    assert node.connects == ["198.18.0.11:29501"] * 5
+    assert node.lines[-1].startswith(f"<6>{HEADLESS_UNIT}: rank0_stopped: nothing listens on rank 0's rendezvous")
+    verdict = frozenset({("unit", HEADLESS_UNIT), ("verdict", "rank0_stopped")})
+    assert node.metrics()[("kimi_watchdog_verdict", verdict)] == 1
+    node.port = "open"
+    node.main()
+    assert node.restarts == [["systemctl", "restart", "--no-block", HEADLESS_UNIT]]
     assert "(rendezvous_closed)" in node.lines[-1]
 
 
@@ -1041,10 +1136,11 @@ def test_real_observers_a_hung_rank_0_is_restarted_through_systemctl(fake_node_t
 def test_real_observers_a_headless_rank_tells_refused_from_answered(fake_node_tools, fake_vllm, capsys):
     tmp_path = fake_node_tools
     rank0_health = f"http://127.0.0.1:{closed_port()}/health"
-    config = write_config(
-        tmp_path, role="headless", unit=HEADLESS_UNIT, health_url=rank0_health, rendezvous="198.18.0.11:29501"
-    )
-    (tmp_path / "ss").write_text(SS_JOINED)
+    # Rank 0's master port on loopback (a refused /health makes the watchdog try it): nothing listens there.
+    port = closed_port()
+    master = f"127.0.0.1:{port}"
+    config = write_config(tmp_path, role="headless", unit=HEADLESS_UNIT, health_url=rank0_health, rendezvous=master)
+    (tmp_path / "ss").write_text(SS_JOINED.replace("198.18.0.11", "127.0.0.1").replace(":29501", f":{port}"))
     assert main(["--config", str(config)]) == 0
     out = capsys.readouterr().out
     # Never saw rank 0 answer, but joined (ESTAB) and old enough: waiting, never restarted.
@@ -1058,6 +1154,13 @@ def test_real_observers_a_headless_rank_tells_refused_from_answered(fake_node_to
     assert not (tmp_path / "restarts").exists()
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["served"] is True and state["failures"] == 1
+    # With the rendezvous known, a refused /health makes it try rank 0's master port: nothing listens there
+    # either, so rank 0 is not running, and the rank is left alone (the streak still counts).
+    write_config(tmp_path, role="headless", unit=HEADLESS_UNIT, health_url=rank0_health, rendezvous=master)
+    main(["--config", str(config)])
+    assert f"rank0_stopped: nothing listens on rank 0's rendezvous ({master})" in capsys.readouterr().out
+    assert not (tmp_path / "restarts").exists()
+    assert json.loads((tmp_path / "state.json").read_text())["failures"] == 2
 
 
 def test_a_slow_health_answer_from_a_busy_rank_0_never_counts_as_a_lost_group():
