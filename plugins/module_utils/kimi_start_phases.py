@@ -14,8 +14,10 @@ unit's start (`systemctl show -p ExecMainStartTimestamp`) and when the first tok
 
 Output: `StartPhases`, the milestones (seconds since the epoch; None where the log does not show one, never
 guessed), the phase durations between consecutive milestones found, and the figures vLLM itself reports (its
-"took N seconds"). A marker is logged once per worker process (a GPU node runs one worker per GPU): a milestone
-is the last worker's line, since the phase ends when every local rank is done with it.
+"took N seconds"). Where vLLM logs a marker in every worker process (`logger.info`; a GPU node runs one worker per
+GPU) a milestone is the last worker's line, since the phase ends when every local rank is done with it. Some
+markers vLLM 0.32.0 logs with `logger.info_once`, whose default scope is the node's first local rank only
+(vllm/logger.py): the rank assignment and "Loading weights took"; those milestones are local rank 0's time.
 
 Standard library only, Python >= 3.10, no package-relative import: a module runs it on a node's own python3, and
 a node program may import it as a plain module copied beside it (as the watchdog does kimi_systemd.py).
@@ -46,8 +48,8 @@ class Milestones:
 
     started: float | None = None  # the unit's main process was started (the caller's, or systemd's "Started")
     rendezvous_entered: float | None = None  # every local worker called init_distributed_environment
-    group_formed: float | None = None  # every local worker got its ranks: the group of all nodes exists
-    weights_loaded: float | None = None  # every local worker loaded its weights (on GPUs: the model is in memory)
+    group_formed: float | None = None  # local rank 0 got its ranks: the group of all nodes exists
+    weights_loaded: float | None = None  # the weights are loaded (on GPUs: every worker's model is in memory)
     compile_started: float | None = None  # torch.compile started (GPU), the compile warm-up started (CPU build)
     compiled: float | None = None  # torch.compile finished (GPU), the compile warm-up done (CPU build)
     graphs_captured: float | None = None  # CUDA graphs captured (GPU only)
@@ -89,7 +91,7 @@ class StartPhases:
     milestones: Milestones
     phases: tuple[Phase, ...]
     reported: Reported
-    workers: int  # processes that logged their rank assignment (this node's workers); 0 when none did
+    workers: int  # processes that entered the rendezvous (this node's workers); 0 when none did
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for a module's result or a report."""
@@ -117,14 +119,14 @@ MARKERS: tuple[Marker, ...] = (
     # distributed_init_method=%s backend=%s").
     Marker("rendezvous_entered", re.compile(r"world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method=\S+")),
     # vllm/distributed/parallel_state.py (0.32.0), initialize_model_parallel: "rank %s in world size %s is assigned
-    # as DP rank %s, PP rank %s, ...", once the process groups of all nodes exist.
+    # as DP rank %s, PP rank %s, ...", once the process groups of all nodes exist (info_once: local rank 0 only).
     Marker("group_formed", re.compile(r"rank \d+ in world size \d+ is assigned as ")),
     # vllm/model_executor/model_loader/default_loader.py (0.32.0, also sharded_state_loader.py): "Loading weights
-    # took %.2f seconds".
+    # took %.2f seconds" (info_once: local rank 0 only).
     Marker("weights_loaded", re.compile(rf"Loading weights took {_NUMBER} seconds"), ("loading_weights_s",)),
-    # vllm/v1/worker/gpu_model_runner.py (0.32.0, also v1/worker/gpu/model_runner.py): "Model loading took %s GiB
-    # memory and %.6f seconds", after the weights' post-processing; logged after the line above, so it is the
-    # milestone on GPUs.
+    # vllm/v1/worker/gpu/model_runner.py (0.32.0's default Model Runner V2: every worker; also
+    # v1/worker/gpu_model_runner.py, the V1 runner: info_once): "Model loading took %s GiB memory and %.6f seconds",
+    # after the weights' post-processing; logged after the line above, so it is the milestone on GPUs.
     Marker(
         "weights_loaded",
         re.compile(rf"Model loading took {_NUMBER} GiB memory and {_NUMBER} seconds"),
@@ -145,8 +147,8 @@ MARKERS: tuple[Marker, ...] = (
     ),
     # vllm/v1/worker/cpu_model_runner.py (0.32.0), warming_up_model: "Warming up done."
     Marker("compiled", re.compile(r"Warming up done\.")),
-    # vllm/v1/worker/gpu_model_runner.py (0.32.0, also v1/worker/gpu/model_runner.py), capture_model: "Graph
-    # capturing finished in %.0f secs, took %.2f GiB".
+    # vllm/v1/worker/gpu/model_runner.py (0.32.0, Model Runner V2: every worker; also v1/worker/gpu_model_runner.py,
+    # info_once), capture_model: "Graph capturing finished in %.0f secs, took %.2f GiB".
     Marker(
         "graphs_captured",
         re.compile(rf"Graph capturing finished in {_NUMBER} secs, took {_NUMBER} GiB"),
@@ -251,7 +253,7 @@ def start_phases(
         entries = [entry for entry in entries if entry_invocation(entry) == invocation]
     reached: dict[str, float] = {}
     figures: dict[str, dict[str, float]] = {}  # figure -> process -> the sum of its lines' values
-    assigned: set[str] = set()
+    workers: set[str] = set()
     for entry in entries:
         at = entry_time(entry)
         if at is None:
@@ -266,8 +268,8 @@ def start_phases(
                 continue
             reached[marker.milestone] = max(reached.get(marker.milestone, at), at)
             process = process_of(entry, text)
-            if marker.milestone == "group_formed":
-                assigned.add(process)
+            if marker.milestone == "rendezvous_entered":
+                workers.add(process)
             for name, value in zip(marker.figures, match.groups(), strict=True):
                 per_process = figures.setdefault(name, {})
                 per_process[process] = per_process.get(process, 0.0) + float(value)
@@ -282,5 +284,5 @@ def start_phases(
         milestones=milestones,
         phases=derive_phases(milestones),
         reported=reported,
-        workers=len(assigned),
+        workers=len(workers),
     )
