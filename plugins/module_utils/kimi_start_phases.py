@@ -169,11 +169,11 @@ MARKERS: tuple[Marker, ...] = (
 
 
 def parse_journal_json(text: str) -> list[dict[str, Any]]:
-    """`journalctl -o json` output as its entries; blank lines are skipped, anything else that is not a JSON object
-    is an error (a ValueError naming the line)."""
+    """`journalctl -o json` output as its entries; blank lines and journalctl's own notes ('-- No entries --') are
+    skipped, anything else that is not a JSON object is an error (a ValueError naming the line)."""
     entries = []
     for number, line in enumerate((text or "").splitlines(), 1):
-        if not line.strip():
+        if not line.strip() or line.startswith("-- "):
             continue
         try:
             entry = json.loads(line)

@@ -193,6 +193,7 @@ def test_several_workers_the_last_to_reach_a_marker_wins_and_figures_are_the_slo
 
 def test_journal_json_lines_and_their_errors():
     assert parse_journal_json('\n{"MESSAGE": "a"}\n\n') == [{"MESSAGE": "a"}]
+    assert parse_journal_json("-- No entries --\n") == []
     with pytest.raises(ValueError, match="line 2 is not JSON"):
         parse_journal_json('{"MESSAGE": "a"}\n{"MESSAGE"')
     with pytest.raises(ValueError, match="line 1 is not a JSON object"):
