@@ -4,7 +4,11 @@ journal of two starts read one start at a time, missing markers as None, MESSAGE
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -18,9 +22,11 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_start_phases import (
     start_phases,
 )
 
-from tests.paths import FIXTURES
+from tests.paths import FIXTURES, REPO_ROOT
 
 JOURNALS = FIXTURES / "journal"
+# A node runs it with its own python3; where this machine has none, the venv's.
+NODE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 EPOCH = 1796470000  # the lab's timestamps below are seconds after this
 RANK0_INVOCATION = "74020a383d1f40d1a356bdc8a86fedd2"
 HEADLESS_INVOCATION = "97f14d1ee3814b38a505526f2512072a"
@@ -207,3 +213,31 @@ def test_phases_follow_the_milestones_order_and_skip_what_is_missing():
         Phase("started", "weights_loaded", 15.5),
         Phase("weights_loaded", "api_up", 14.5),
     )
+
+
+def test_it_runs_as_a_plain_module_beside_a_node_program(tmp_path):
+    """Standard library only, no relative import: a node's python3 can import a copy of it from any directory."""
+    source = REPO_ROOT / "plugins" / "module_utils" / "kimi_start_phases.py"
+    imported = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "a relative import"
+            imported.add(node.module.split(".")[0])
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    (tmp_path / "kimi_start_phases.py").write_text(source.read_text())
+    # As the watchdog runs: `python3 -B -E -s SCRIPT`, which finds its siblings in the script's directory.
+    (tmp_path / "probe.py").write_text(
+        "import sys\nfrom kimi_start_phases import parse_journal_json, start_phases\n"
+        "print(start_phases(parse_journal_json(sys.stdin.read())).milestones.api_up)\n"
+    )
+    journal_text = (JOURNALS / "lab-0.32.0-cpu-rank0.journal.json").read_text()
+    done = subprocess.run(
+        [NODE_PYTHON, "-B", "-E", "-s", str(tmp_path / "probe.py")],
+        input=journal_text,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) == pytest.approx(1796473089.633)
