@@ -213,6 +213,9 @@ RETIRED_VARIABLES = {
     "drift_serve_layout": "kimi_serve_layout",
     "verify_expected_reasoning_parser": "kimi_reasoning_parser",
     "verify_expected_auto_tool_choice": "kimi_enable_auto_tool_choice",
+    "vllm_version": "kimi_vllm_version",
+    "vllm_pip_pins": "kimi_vllm_pip_pins",
+    "vllm_pip_overrides": "kimi_vllm_pip_overrides",
 }
 
 
