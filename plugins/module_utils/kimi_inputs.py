@@ -216,6 +216,9 @@ RETIRED_VARIABLES = {
     "vllm_version": "kimi_vllm_version",
     "vllm_pip_pins": "kimi_vllm_pip_pins",
     "vllm_pip_overrides": "kimi_vllm_pip_overrides",
+    "nvidia_driver_branch": "kimi_nvidia_driver_branch",
+    "nvidia_driver_version": "kimi_nvidia_driver_version",
+    "preflight_report_dir": "kimi_report_dir",
 }
 
 
