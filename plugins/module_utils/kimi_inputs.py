@@ -243,6 +243,16 @@ def port_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems + _ports({**KIMI_PORTS, **values}, tuple(KIMI_PORTS), "every")
 
 
+# Roles' copies of a value the kimi role derives (roles/kimi/vars/main.yml) from what the user sets: old name ->
+# (the derived kimi value every role reads, the fix: what to set instead).
+RETIRED_DERIVED = {
+    "offline_mirror_bind_address": (
+        "kimi_announced_ip",
+        "set kimi_host_ip for the mirror host instead (empty: the IPv4 of its kimi_network_interface)",
+    ),
+}
+
+
 # Roles' copies of the kimi role's host lists (roles/kimi/vars/main.yml), which come from an inventory group: the
 # firewall admitted one list while the router or monitoring role ran on another the day an inventory set only one.
 RETIRED_HOST_LISTS = {
@@ -254,7 +264,7 @@ RETIRED_HOST_LISTS = {
 
 
 def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES,
+    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES, RETIRED_DERIVED,
     RETIRED_HOST_LISTS)."""
     problems = [
         Problem(
@@ -264,6 +274,17 @@ def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
             f"set {new} instead (same value)",
         )
         for old, new in RETIRED_VARIABLES.items()
+        if old in values
+    ]
+    problems += [
+        Problem(
+            old,
+            "every",
+            f"is no longer read: the value is the kimi role's {derived}, derived from what you set, which every role "
+            "reads",
+            fix,
+        )
+        for old, (derived, fix) in RETIRED_DERIVED.items()
         if old in values
     ]
     return problems + [
@@ -715,18 +736,26 @@ def _mirror_fingerprint(values: Mapping[str, Any], phase: str) -> list[Problem]:
 
 
 def _mirror_address(values: Mapping[str, Any], phase: str) -> list[Problem]:
-    value = str(values.get("offline_mirror_bind_address") or "").strip()
+    """The mirror listens on kimi_announced_ip, which the kimi role derives: the problem names what the user sets,
+    kimi_host_ip when it is set, else kimi_network_interface (whose IPv4 it is)."""
+    value = str(values.get("kimi_announced_ip") or "").strip()
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        empty = "is empty" if not value else f"is not an IP address (got {value!r})"
+        host_ip = str(values.get("kimi_host_ip") or "").strip()
+        fix = "set kimi_host_ip (the mirror host's cluster address) in its host_vars, or its kimi_network_interface"
+        if host_ip:
+            return [
+                Problem("kimi_host_ip", phase, f"is not an IP address the mirror can listen on (got {host_ip!r})", fix)
+            ]
+        interface = values.get("kimi_network_interface")
         return [
             Problem(
-                "offline_mirror_bind_address",
+                "kimi_network_interface",
                 phase,
-                f"{empty}: by default the kimi role's address of this host (kimi_host_ip, else the IPv4 of "
-                "kimi_network_interface)",
-                "set kimi_host_ip or kimi_network_interface for the mirror host, or offline_mirror_bind_address",
+                f"({interface!r}) has no IPv4 address on the mirror host and kimi_host_ip is empty: the mirror listens "
+                "on the host's cluster address (kimi_announced_ip)",
+                fix,
             )
         ]
     return []

@@ -229,7 +229,6 @@ NOT_YET_ONE_NAME = {
     "nccl_tests_interface",
     "nccl_tests_host_address",
     "nccl_tests_nccl_env_file",
-    "offline_mirror_bind_address",
     "ray_cluster_num_gpus",
     "ray_cluster_node_ip",
     "router_api_keys",

@@ -393,7 +393,9 @@ def mirror(inventory=None, **changes):
         "offline_mirror_fingerprint": FINGERPRINT,
         "offline_mirror_root": "/srv/kimi-bundle",
         "kimi_offline_mirror_port": 8081,
-        "offline_mirror_bind_address": "10.0.0.5",
+        "kimi_announced_ip": "10.0.0.5",
+        "kimi_host_ip": "",
+        "kimi_network_interface": "ib0",
         "offline_mirror_inventory": {
             "serving_node": False,
             "router": False,
@@ -408,7 +410,7 @@ def mirror(inventory=None, **changes):
 def test_good_offline_mirror_inputs_pass():
     assert mirror() == []
     assert mirror(offline_mirror_bundle_path="", offline_mirror_bundle_src="/home/op/bundle") == []
-    assert mirror(offline_mirror_bind_address="fd00::5", kimi_offline_mirror_port="8082") == []
+    assert mirror(kimi_announced_ip="fd00::5", kimi_offline_mirror_port="8082") == []
 
 
 def test_neither_or_both_bundle_sources_are_refused_naming_both_variables_and_the_host():
@@ -440,9 +442,18 @@ def test_a_fingerprint_that_is_not_40_hex_digits_is_refused(fingerprint):
     assert "bin/kimi-bundle fingerprint" in found["fix"]
 
 
-@pytest.mark.parametrize("address", ["", "mirror.example", "10.0.0"])
-def test_a_bind_address_that_is_not_an_address_is_refused(address):
-    found = only(mirror(offline_mirror_bind_address=address), "offline_mirror_bind_address")
+@pytest.mark.parametrize("address", ["mirror.example", "10.0.0"])
+def test_a_mirror_address_that_is_not_an_address_is_refused_naming_kimi_host_ip(address):
+    # kimi_announced_ip is kimi_host_ip when that is set: the problem names what the user set.
+    found = only(mirror(kimi_announced_ip=address, kimi_host_ip=address), "kimi_host_ip")
+    assert f"is not an IP address the mirror can listen on (got {address!r})" in found["message"]
+    assert "kimi_host_ip" in found["fix"]
+
+
+def test_no_address_to_listen_on_is_refused_naming_the_interface():
+    # kimi_host_ip empty: kimi_announced_ip is the interface's IPv4, absent on this host.
+    found = only(mirror(kimi_announced_ip=""), "kimi_network_interface")
+    assert found["text"].startswith("mirror1: kimi_network_interface ('ib0') has no IPv4 address on the mirror host")
     assert "kimi_host_ip" in found["fix"]
 
 
@@ -518,7 +529,30 @@ def test_a_retired_copy_of_a_kimi_value_is_refused_naming_its_successor(old):
 
 def test_the_kimi_role_hands_over_every_retired_name():
     handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
-    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_DERIVED) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+
+
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_DERIVED))
+def test_a_retired_copy_of_a_derived_kimi_value_is_refused_naming_what_to_set(old):
+    # The successor is derived (roles/kimi/vars/main.yml): the fix names the setting it derives from, not it.
+    found = only(problems(**{old: "10.0.0.5"}), old)
+    derived, fix = ki.RETIRED_DERIVED[old]
+    assert found["phase"] == "every"
+    assert found["message"] == (
+        f"is no longer read: the value is the kimi role's {derived}, derived from what you set, which every role reads"
+    )
+    assert found["fix"] == fix and fix.startswith("set kimi_")
+    kimi_vars = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())
+    assert derived in kimi_vars
+
+
+def test_the_mirror_address_is_retired_naming_kimi_host_ip():
+    found = only(problems(offline_mirror_bind_address="10.0.0.5"), "offline_mirror_bind_address")
+    assert found["text"] == (
+        "node1, node2: offline_mirror_bind_address is no longer read: the value is the kimi role's kimi_announced_ip, "
+        "derived from what you set, which every role reads (read by every phase); set kimi_host_ip for the mirror "
+        "host instead (empty: the IPv4 of its kimi_network_interface)"
+    )
 
 
 @pytest.mark.parametrize("old", sorted(ki.RETIRED_HOST_LISTS))
