@@ -173,10 +173,10 @@ def role_run(url: str, checkpoint: dict, workdir: Path, name: str, wheelhouse: P
         "ansible_connection": "local",
         "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python"),
         "kimi_model": "lab-mini",
-        "checkpoint_repo_id": checkpoint["repo_id"],
-        "checkpoint_revision": checkpoint["revision"],
+        "kimi_checkpoint_repo_id": checkpoint["repo_id"],
+        "kimi_checkpoint_revision": checkpoint["revision"],
         "checkpoint_hf_endpoint": url,
-        "checkpoint_dir": str(workdir / name / "data"),
+        "kimi_checkpoint_dir": str(workdir / name / "data"),
         "checkpoint_state_dir": str(workdir / name / "state"),
         "checkpoint_hf_venv_root": str(workdir / "kimi-hf"),
         "checkpoint_python": "/usr/bin/python3",
@@ -228,7 +228,7 @@ def main() -> None:
         olah, url = start_olah(olah_python, workdir / "mirrors", workdir, checkpoint["repo_id"])
         try:
             # Installs the hf venv once (a single small file), so no timed run pays for pip.
-            role_run(url, checkpoint, workdir, "warmup", wheelhouse, checkpoint_include=["config.json"])
+            role_run(url, checkpoint, workdir, "warmup", wheelhouse, kimi_checkpoint_include=["config.json"])
             curls, parallel_curls, roles = [], [], []
             for attempt in range(2):  # interleaved, so a slower phase of the machine hits all alike
                 curls.append(curl_all(url, checkpoint, workdir / f"curl{attempt}"))

@@ -22,7 +22,7 @@ GREENNODE_VARS = REPO_ROOT / "inventories" / "greennode" / "group_vars" / "all"
 NODE_COUNTS = (2, 8, 32)
 ROUNDS = 3
 # A revision that is not a commit: refused by the input check (the checkpoint phase is the fourth to run).
-BAD_INPUT = ["-e", "checkpoint_revision=main"]
+BAD_INPUT = ["-e", "kimi_checkpoint_revision=main"]
 
 
 def write_inventory(directory: Path, nodes: int) -> Path:
@@ -54,7 +54,7 @@ def refusal_seconds(inventory: Path, reports: Path) -> float:
         cwd=REPO_ROOT,
     )
     elapsed = time.monotonic() - started
-    if done.returncode == 0 or "checkpoint_revision is not a 40-hex commit sha" not in done.stdout:
+    if done.returncode == 0 or "kimi_checkpoint_revision is not a 40-hex commit sha" not in done.stdout:
         raise SystemExit(f"bench_inputs: the bad revision was not refused by the input check:\n{done.stdout[-2000:]}")
     if "UNREACHABLE" in done.stdout:
         raise SystemExit("bench_inputs: a node was contacted before the refusal")

@@ -81,7 +81,7 @@ def bundle_listing(
     if carried != (repo_id, revision):
         raise BundleCheckpointError(
             f"the bundle carries {carried[0]} at {carried[1]}, the inventory pins {repo_id} at {revision} "
-            "(checkpoint_repo_id, checkpoint_revision): serve a bundle built for this checkpoint"
+            "(kimi_checkpoint_repo_id, kimi_checkpoint_revision): serve a bundle built for this checkpoint"
         )
     prefix = files_prefix(repo_id, revision)
     by_path = {entry["path"]: entry for entry in document["files"]}
@@ -94,7 +94,8 @@ def bundle_listing(
     chosen = select_files(files, list(include), list(exclude))
     if not chosen:
         raise BundleCheckpointError(
-            f"the bundle lists no file of {repo_id} at {revision} that checkpoint_include/checkpoint_exclude select"
+            f"the bundle lists no file of {repo_id} at {revision} that kimi_checkpoint_include/kimi_checkpoint_exclude "
+            "select"
         )
     return {
         "revision": revision,

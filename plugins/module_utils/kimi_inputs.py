@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,19 +67,6 @@ PLAN_VARIABLES = {
     "language_model_only": "kimi_language_model_only",
 }
 
-# A phase role's variable judged here -> the kimi variable its role default is (`checkpoint_repo_id: "{{
-# kimi_checkpoint_repo_id }}"` in roles/checkpoint/defaults/main.yml). The kimi role hands over only the phase
-# roles' variables an inventory or -e sets (their defaults are not in scope in its play), so an unset one is
-# judged by the kimi value the role will derive it from. test_kimi_inputs.py reads every role's defaults and fails
-# when this map and them disagree.
-DERIVED_FROM = {
-    "checkpoint_repo_id": "kimi_checkpoint_repo_id",
-    "checkpoint_revision": "kimi_checkpoint_revision",
-    "checkpoint_allow_branch": "kimi_checkpoint_allow_branch",
-    "checkpoint_dir": "kimi_checkpoint_dir",
-    "monitoring_enabled": "kimi_monitoring_enabled",
-}
-
 WHERE = "group_vars/all of your inventory (or host_vars/<host>, or -e)"
 
 
@@ -91,13 +78,10 @@ class Problem:
     phase: str
     message: str
     fix: str
-    # The kimi variable an unset `variable` takes its value from (DERIVED_FROM): setting either one fixes it.
-    derived_from: str = ""
 
     def text(self, hosts: Sequence[str]) -> str:
         needed = "read by every phase" if self.phase == "every" else f"needed by the {self.phase} phase"
-        name = f"{self.variable} (or {self.derived_from})" if self.derived_from else self.variable
-        return f"{', '.join(hosts)}: {name} {self.message} ({needed}); {self.fix}"
+        return f"{', '.join(hosts)}: {self.variable} {self.message} ({needed}); {self.fix}"
 
 
 def as_bool(value: Any) -> bool | None:
@@ -213,6 +197,38 @@ RETIRED_VARIABLES = {
     "drift_serve_layout": "kimi_serve_layout",
     "verify_expected_reasoning_parser": "kimi_reasoning_parser",
     "verify_expected_auto_tool_choice": "kimi_enable_auto_tool_choice",
+    "vllm_version": "kimi_vllm_version",
+    "vllm_pip_pins": "kimi_vllm_pip_pins",
+    "vllm_pip_overrides": "kimi_vllm_pip_overrides",
+    "nvidia_driver_branch": "kimi_nvidia_driver_branch",
+    "nvidia_driver_version": "kimi_nvidia_driver_version",
+    "preflight_report_dir": "kimi_report_dir",
+    "drift_nccl_env_file": "kimi_nccl_env_file",
+    "drift_cuda_version": "kimi_cuda_version",
+    "drift_report_dir": "kimi_report_dir",
+    "parity_venv_path": "kimi_vllm_venv_path",
+    "parity_nccl_env_file": "kimi_nccl_env_file",
+    "parity_deb_pins": "kimi_deb_pins",
+    "parity_nccl_env": "kimi_nccl_env",
+    "parity_require_fabric_manager": "kimi_require_fabric_manager",
+    "parity_report_dir": "kimi_report_dir",
+    "drift_venv_path": "kimi_vllm_venv_path",
+    "drift_deb_pins": "kimi_deb_pins",
+    "drift_nccl_env": "kimi_nccl_env",
+    "drift_require_fabric_manager": "kimi_require_fabric_manager",
+    "drift_checkpoint_repo_id": "kimi_checkpoint_repo_id",
+    "drift_checkpoint_revision": "kimi_checkpoint_revision",
+    "drift_checkpoint_allow_branch": "kimi_checkpoint_allow_branch",
+    "drift_checkpoint_include": "kimi_checkpoint_include",
+    "drift_checkpoint_exclude": "kimi_checkpoint_exclude",
+    "checkpoint_repo_id": "kimi_checkpoint_repo_id",
+    "checkpoint_revision": "kimi_checkpoint_revision",
+    "checkpoint_allow_branch": "kimi_checkpoint_allow_branch",
+    "checkpoint_dir": "kimi_checkpoint_dir",
+    "checkpoint_include": "kimi_checkpoint_include",
+    "checkpoint_exclude": "kimi_checkpoint_exclude",
+    "checkpoint_marker_name": "kimi_checkpoint_marker_name",
+    "monitoring_enabled": "kimi_monitoring_enabled",
 }
 
 
@@ -227,6 +243,16 @@ def port_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems + _ports({**KIMI_PORTS, **values}, tuple(KIMI_PORTS), "every")
 
 
+# Roles' copies of a value the kimi role derives (roles/kimi/vars/main.yml) from what the user sets: old name ->
+# (the derived kimi value every role reads, the fix: what to set instead).
+RETIRED_DERIVED = {
+    "offline_mirror_bind_address": (
+        "kimi_announced_ip",
+        "set kimi_host_ip for the mirror host instead (empty: the IPv4 of its kimi_network_interface)",
+    ),
+}
+
+
 # Roles' copies of the kimi role's host lists (roles/kimi/vars/main.yml), which come from an inventory group: the
 # firewall admitted one list while the router or monitoring role ran on another the day an inventory set only one.
 RETIRED_HOST_LISTS = {
@@ -238,7 +264,7 @@ RETIRED_HOST_LISTS = {
 
 
 def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES,
+    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES, RETIRED_DERIVED,
     RETIRED_HOST_LISTS)."""
     problems = [
         Problem(
@@ -248,6 +274,17 @@ def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
             f"set {new} instead (same value)",
         )
         for old, new in RETIRED_VARIABLES.items()
+        if old in values
+    ]
+    problems += [
+        Problem(
+            old,
+            "every",
+            f"is no longer read: the value is the kimi role's {derived}, derived from what you set, which every role "
+            "reads",
+            fix,
+        )
+        for old, (derived, fix) in RETIRED_DERIVED.items()
         if old in values
     ]
     return problems + [
@@ -427,7 +464,7 @@ def _repo_matches_model(repo: str, model: Any) -> list[Problem]:
     if preset.repo_id and preset.repo_id.lower() != repo.lower():
         return [
             Problem(
-                "checkpoint_repo_id",
+                "kimi_checkpoint_repo_id",
                 "checkpoint",
                 f"is {repo}, but kimi_model {model} is the preset of {preset.repo_id}",
                 "set both to the same model (the planner sizes memory from kimi_model)",
@@ -437,17 +474,17 @@ def _repo_matches_model(repo: str, model: Any) -> list[Problem]:
 
 
 def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """The Hub repository, its pinned commit, where it goes."""
+    """The Hub repository, its pinned commit, how it is fetched (where it goes is judged for every phase)."""
     phase, problems = "checkpoint", []
-    repo = str(values.get("checkpoint_repo_id") or "")
+    repo = str(values.get("kimi_checkpoint_repo_id") or "")
     if not repo:
         problems.append(
-            Problem("checkpoint_repo_id", phase, "is not set", f"name the Hub repository (org/name) in {WHERE}")
+            Problem("kimi_checkpoint_repo_id", phase, "is not set", f"name the Hub repository (org/name) in {WHERE}")
         )
     elif not REPO_ID.fullmatch(repo) or len(repo) > 96 or "--" in repo or ".." in repo:
         problems.append(
             Problem(
-                "checkpoint_repo_id",
+                "kimi_checkpoint_repo_id",
                 phase,
                 f"is not a Hub repository id of the form org/name (got {repo!r})",
                 "e.g. moonshotai/Kimi-K2.7-Code",
@@ -455,12 +492,12 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
         )
     else:
         problems += _repo_matches_model(repo, values.get("kimi_model"))
-    revision = str(values.get("checkpoint_revision") or "")
-    allow_branch = as_bool(values.get("checkpoint_allow_branch"))
+    revision = str(values.get("kimi_checkpoint_revision") or "")
+    allow_branch = as_bool(values.get("kimi_checkpoint_allow_branch"))
     problems += _bools(
         values,
         (
-            "checkpoint_allow_branch",
+            "kimi_checkpoint_allow_branch",
             "checkpoint_force_verify",
             "checkpoint_shared_storage",
             "checkpoint_verify_checksums",
@@ -471,7 +508,7 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
     if not revision:
         problems.append(
             Problem(
-                "checkpoint_revision",
+                "kimi_checkpoint_revision",
                 phase,
                 "is not set",
                 f"pin the 40-hex commit{of_repo} to download in {WHERE} (the Hub's 'Files' tab, or "
@@ -481,17 +518,19 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
     elif not allow_branch and not HEX_COMMIT.fullmatch(revision):
         problems.append(
             Problem(
-                "checkpoint_revision",
+                "kimi_checkpoint_revision",
                 phase,
                 f"is not a 40-hex commit sha in lower case (got {revision!r})",
-                "pin the commit; a branch or tag only with checkpoint_allow_branch: true",
+                "pin the commit; a branch or tag only with kimi_checkpoint_allow_branch: true",
             )
         )
     elif allow_branch and any(c.isspace() for c in revision):
         problems.append(
-            Problem("checkpoint_revision", phase, f"is not a git ref (got {revision!r})", "give the branch or tag name")
+            Problem(
+                "kimi_checkpoint_revision", phase, f"is not a git ref (got {revision!r})", "give the branch or tag name"
+            )
         )
-    problems += _absolute_path(values, "checkpoint_dir", phase) if "checkpoint_dir" in values else []
+    # kimi_checkpoint_dir is judged for every phase (common_problems).
     endpoint = str(values.get("checkpoint_hf_endpoint", ""))
     parts = urlsplit(endpoint)
     if "checkpoint_hf_endpoint" in values and (parts.scheme not in ("http", "https") or not parts.hostname):
@@ -574,8 +613,8 @@ def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
 def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The monitoring hosts, durations, the webhook URL (the ports are judged with every port)."""
     phase = "monitoring"
-    problems = _bools(values, ("monitoring_enabled", "monitoring_dcgm_exporter_enabled"), phase)
-    enabled = as_bool(values.get("monitoring_enabled", True))
+    problems = _bools(values, ("kimi_monitoring_enabled", "monitoring_dcgm_exporter_enabled"), phase)
+    enabled = as_bool(values.get("kimi_monitoring_enabled", True))
     if problems or enabled is False:
         return problems
     problems += _monitoring_hosts(values, phase)
@@ -697,18 +736,26 @@ def _mirror_fingerprint(values: Mapping[str, Any], phase: str) -> list[Problem]:
 
 
 def _mirror_address(values: Mapping[str, Any], phase: str) -> list[Problem]:
-    value = str(values.get("offline_mirror_bind_address") or "").strip()
+    """The mirror listens on kimi_announced_ip, which the kimi role derives: the problem names what the user sets,
+    kimi_host_ip when it is set, else kimi_network_interface (whose IPv4 it is)."""
+    value = str(values.get("kimi_announced_ip") or "").strip()
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        empty = "is empty" if not value else f"is not an IP address (got {value!r})"
+        host_ip = str(values.get("kimi_host_ip") or "").strip()
+        fix = "set kimi_host_ip (the mirror host's cluster address) in its host_vars, or its kimi_network_interface"
+        if host_ip:
+            return [
+                Problem("kimi_host_ip", phase, f"is not an IP address the mirror can listen on (got {host_ip!r})", fix)
+            ]
+        interface = values.get("kimi_network_interface")
         return [
             Problem(
-                "offline_mirror_bind_address",
+                "kimi_network_interface",
                 phase,
-                f"{empty}: by default the kimi role's address of this host (kimi_host_ip, else the IPv4 of "
-                "kimi_network_interface)",
-                "set kimi_host_ip or kimi_network_interface for the mirror host, or offline_mirror_bind_address",
+                f"({interface!r}) has no IPv4 address on the mirror host and kimi_host_ip is empty: the mirror listens "
+                "on the host's cluster address (kimi_announced_ip)",
+                fix,
             )
         ]
     return []
@@ -822,42 +869,15 @@ def plan_problems(plan_result: Mapping[str, Any] | None) -> list[Problem]:
     ]
 
 
-def with_derived_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The values as the phase roles will read them: an unset phase-role variable of DERIVED_FROM takes its kimi
-    variable's value. Also returns, per unset variable, that kimi variable (the messages name both)."""
-    resolved, derived = dict(values), {}
-    for variable, source in DERIVED_FROM.items():
-        if variable not in values:
-            derived[variable] = source
-            if source in values:
-                resolved[variable] = values[source]
-    return resolved, derived
-
-
-def name_both(problems: list[Problem], derived: Mapping[str, str]) -> list[Problem]:
-    """Each problem of a derived variable names its kimi variable too; one that repeats the kimi variable's own
-    problem (kimi_checkpoint_dir is judged for every phase) is that problem already and is dropped."""
-    own = {(p.variable, p.message) for p in problems}
-    named = []
-    for problem in problems:
-        source = derived.get(problem.variable)
-        if source is None:
-            named.append(problem)
-        elif (source, problem.message) not in own:
-            named.append(replace(problem, derived_from=source))
-    return named
-
-
 def host_problems(values: Mapping[str, Any], phases: Sequence[str], common: bool = True) -> list[Problem]:
     """Every problem of one host's values for the phases that will run; common=False leaves out the kimi role's
     cluster values (a role judging only its own inputs, on a host that may serve nothing)."""
-    resolved, derived = with_derived_values(values)
-    problems = common_problems(resolved) if common else []
+    problems = common_problems(values) if common else []
     for phase in phases:
         check = CHECKS.get(phase)
         if check:
-            problems += check(resolved)
-    return name_both(problems, derived)
+            problems += check(values)
+    return problems
 
 
 def judge(

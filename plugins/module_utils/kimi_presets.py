@@ -189,7 +189,7 @@ class ModelSpec:
     vision_params: int = 0
     checkpoint_bytes: int | None = None
     source: str = ""
-    # The Hub repository the preset describes; the input check refuses a checkpoint_repo_id that differs.
+    # The Hub repository the preset describes; the input check refuses a kimi_checkpoint_repo_id that differs.
     repo_id: str = ""
 
     @property

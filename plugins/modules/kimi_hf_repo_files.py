@@ -161,7 +161,7 @@ def main() -> None:
             if not params["allow_branch"]:
                 module.fail_json(
                     msg=f"checkpoint revision {revision!r} is not a 40-hex commit sha: pin a commit, or set "
-                    "checkpoint_allow_branch: true to resolve a branch or tag (the sha it resolves to is recorded)"
+                    "kimi_checkpoint_allow_branch: true to resolve a branch or tag (the sha it resolves to is recorded)"
                 )
             resolved_from = revision
             revision = resolve_sha(module, endpoint, params["repo_id"], revision, token, params["timeout"])

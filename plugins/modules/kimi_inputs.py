@@ -14,9 +14,9 @@ description:
     range and none shared (and no retired per-role port variable), admin networks that are addresses or CIDR
     networks, a public API only with a key and without a router, the router's limits in range, absolute paths, a
     known model and GPU, a serve layout vLLM has, and the planner's verdict on the layout.
-  - A phase role's variable the inventory leaves unset is judged by the kimi variable its role default derives
-    from (C(checkpoint_repo_id) by C(kimi_checkpoint_repo_id); DERIVED_FROM in plugins/module_utils/kimi_inputs.py),
-    and its problem names both, e.g. C(checkpoint_repo_id (or kimi_checkpoint_repo_id) is not set).
+  - A value several roles read is judged by the kimi role's one name, the one the inventory sets (e.g.
+    C(kimi_checkpoint_revision is not set)); a retired per-role copy an inventory still sets is refused naming
+    its successor (RETIRED_VARIABLES in plugins/module_utils/kimi_inputs.py).
   - Each problem names the hosts, the variable, the phase that needs it and how to set it; the same problem on
     several hosts is one entry. The kimi role calls it once per host (so that any strategy works, C(free)
     included) and hands the plan to the first host's call only.
@@ -54,7 +54,8 @@ extends_documentation_fragment:
 EXAMPLES = r"""
 - name: Check this host's inputs for the phases this run goes through
   kimi_inputs:
-    hosts: "{{ {inventory_hostname: {'checkpoint_revision': checkpoint_revision, 'kimi_model': kimi_model}} }}"
+    hosts: >-
+      {{ {inventory_hostname: {'kimi_checkpoint_revision': kimi_checkpoint_revision, 'kimi_model': kimi_model}} }}
     phases: [checkpoint]
   delegate_to: localhost
 """
@@ -67,11 +68,11 @@ problems:
   elements: dict
   sample:
     - hosts: [gn-h100-node1, gn-h100-node2]
-      variable: checkpoint_revision
+      variable: kimi_checkpoint_revision
       phase: checkpoint
       message: is not set
       fix: pin the 40-hex commit of moonshotai/Kimi-K2.7-Code ...
-      text: "gn-h100-node1, gn-h100-node2: checkpoint_revision is not set (needed by the checkpoint phase); ..."
+      text: "gn-h100-node1, gn-h100-node2: kimi_checkpoint_revision is not set (needed by the checkpoint phase); ..."
 phases:
   description: The phases whose inputs were judged.
   returned: always

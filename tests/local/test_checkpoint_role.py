@@ -210,10 +210,10 @@ def cluster(tmp_path, mirror, wheelhouse, endpoint, hf_venv_root):
         "ansible_connection": "local",
         "ansible_python_interpreter": str(REPO_ROOT / ".venv" / "bin" / "python"),
         "kimi_model": "lab-mini",
-        "checkpoint_repo_id": mirror["repo_id"],
-        "checkpoint_revision": mirror["revision"],
+        "kimi_checkpoint_repo_id": mirror["repo_id"],
+        "kimi_checkpoint_revision": mirror["revision"],
         "checkpoint_hf_endpoint": url,
-        "checkpoint_dir": str(tmp_path / "data" / "models" / "mini"),
+        "kimi_checkpoint_dir": str(tmp_path / "data" / "models" / "mini"),
         "checkpoint_state_dir": str(tmp_path / "state"),
         "checkpoint_hf_venv_root": str(hf_venv_root),
         "checkpoint_python": "/usr/bin/python3",
@@ -241,7 +241,7 @@ def cluster(tmp_path, mirror, wheelhouse, endpoint, hf_venv_root):
     return {
         "run": run,
         "inventory": inventory,
-        "dir": Path(layout["checkpoint_dir"]),
+        "dir": Path(layout["kimi_checkpoint_dir"]),
         "state": tmp_path / "state",
         "throttle": throttle,
         "tmp": tmp_path,
@@ -420,16 +420,16 @@ def test_a_version_1_marker_is_verified_and_rewritten_once(cluster, mirror):
 
 
 def test_unknown_revision_with_a_token_is_a_clear_error_without_the_token(cluster):
-    result = cluster["run"](checkpoint_revision="0" * 40, checkpoint_hf_token=TOKEN)
+    result = cluster["run"](kimi_checkpoint_revision="0" * 40, checkpoint_hf_token=TOKEN)
     assert result.rc != 0
     assert any("does not exist, or it is private/gated" in f["msg"] for f in result.failures), result.failure_messages()
     assert TOKEN not in all_output(result)
 
 
 def test_branch_refused_unless_allowed(cluster, mirror):
-    refused = cluster["run"](checkpoint_revision="main")
+    refused = cluster["run"](kimi_checkpoint_revision="main")
     assert any("not a 40-hex commit sha" in f["msg"] for f in refused.failures), refused.failure_messages()
-    allowed = cluster["run"](checkpoint_revision="main", checkpoint_allow_branch=True)
+    allowed = cluster["run"](kimi_checkpoint_revision="main", kimi_checkpoint_allow_branch=True)
     assert allowed.rc == 0, allowed.failure_messages()
     marker = yaml.safe_load((cluster["dir"] / ".kimi-checkpoint.json").read_text())
     assert marker["revision"] == mirror["revision"] and marker["resolved_from"] == "main"
@@ -472,7 +472,7 @@ PROGRESS_TASK = "Report progress until the download ends"
 # task. free: n2 runs ahead and really waits while n1 downloads.
 @pytest.mark.parametrize("strategy", ["linear", "free"])
 def test_shared_storage_one_node_downloads_the_other_waits_for_its_marker_and_verifies(cluster, mirror, strategy):
-    # Two nodes on one filesystem: the same checkpoint_dir (the tmp directory stands for the NFS mount), each
+    # Two nodes on one filesystem: the same kimi_checkpoint_dir (the tmp directory stands for the NFS mount), each
     # with its own node-local state directory.
     states = {name: cluster["tmp"] / f"state-{name}" for name in ("n1", "n2")}
     hosts = {name: {"checkpoint_state_dir": str(path)} for name, path in states.items()}

@@ -178,9 +178,9 @@ def test_a_users_playbook_runs_the_role_and_a_module_by_fqcn_in_check_mode(proje
 
 
 def test_the_installed_role_refuses_bad_input_naming_host_and_variable(project):
-    result = play(project, checkpoint_revision="main")
+    result = play(project, kimi_checkpoint_revision="main")
     assert result.rc != 0
     assert any(
-        "checkpoint_revision" in m and "is not a 40-hex commit sha in lower case" in m
+        "kimi_checkpoint_revision" in m and "is not a 40-hex commit sha in lower case" in m
         for m in result.failure_messages()
     ), result.failure_messages()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -86,12 +85,12 @@ def test_the_shipped_inventories_are_the_production_ones():
 
 
 def test_a_missing_revision_is_refused_naming_variable_host_and_phase(tmp_path):
-    result = run_inputs("greennode", tmp_path, checkpoint_revision="")
+    result = run_inputs("greennode", tmp_path, kimi_checkpoint_revision="")
     assert result.rc != 0
     messages = {f["host"]: f["msg"] for f in result.failures}
     assert set(messages) == {"gn-h100-node1", "gn-h100-node2"}
     for host, message in messages.items():
-        assert f"{host}: checkpoint_revision is not set (needed by the checkpoint phase)" in message
+        assert f"{host}: kimi_checkpoint_revision is not set (needed by the checkpoint phase)" in message
         assert "--skip-tags checkpoint" in message
 
 
@@ -111,37 +110,15 @@ def test_check_mode_judges_the_inputs_and_writes_no_plan(tmp_path):
     assert not (tmp_path / "plan.json").exists()
 
 
-def kimi_pinned_inventory(tmp_path):
-    """greennode with its checkpoint pinned through the kimi role's single-source values only: checkpoint_repo_id
-    and checkpoint_revision left to the checkpoint role's defaults, which derive them from these."""
-    inventory = tmp_path / "inventory"
-    shutil.copytree(INVENTORIES / "greennode", inventory)
-    cluster = inventory / "group_vars" / "all" / "cluster.yml"
-    text, count = re.subn(r"^checkpoint_(repo_id|revision):", r"kimi_checkpoint_\1:", cluster.read_text(), flags=re.M)
-    assert count == 2, "greennode no longer pins checkpoint_repo_id and checkpoint_revision"
-    cluster.write_text(text)
-    return inventory
-
-
-def test_the_kimi_checkpoint_values_alone_pass_the_input_check(tmp_path):
-    inventory = kimi_pinned_inventory(tmp_path)
-    result = run_playbook(
-        INPUTS, inventory, extravars=VAULT, envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")}, timeout=300
-    )
-    assert result.rc == 0, result.failure_messages()
-    assert json.loads((tmp_path / "reports" / "plan.json").read_text())["fits"]
-
-    # A bad kimi value is judged as the checkpoint phase will read it, and named with the variable it feeds.
-    result = run_playbook(
-        INPUTS,
-        inventory,
-        extravars={**VAULT, "kimi_checkpoint_revision": "main"},
-        envvars={"KIMI_REPORT_DIR": str(tmp_path / "reports")},
-        timeout=300,
-    )
+def test_a_bad_checkpoint_pin_is_named_by_the_one_variable_the_inventory_sets(tmp_path):
+    # The shipped inventories pin the checkpoint with the kimi role's names, the ones the checkpoint role reads.
+    cluster = (INVENTORIES / "greennode" / "group_vars" / "all" / "cluster.yml").read_text()
+    assert re.search(r"^kimi_checkpoint_revision:", cluster, re.M)
+    result = run_inputs("greennode", tmp_path, kimi_checkpoint_revision="main")
     assert result.rc != 0
     assert {f["task"] for f in result.failures} == {JUDGE}, result.failure_messages()
-    assert "checkpoint_revision (or kimi_checkpoint_revision) is not a 40-hex commit sha" in result.failures[0]["msg"]
+    assert "kimi_checkpoint_revision is not a 40-hex commit sha" in result.failures[0]["msg"]
+    assert "(or " not in result.failures[0]["msg"]
 
 
 def refused_by_site(tmp_path, **kwargs):
@@ -160,14 +137,14 @@ def refused_by_site(tmp_path, **kwargs):
 
 def test_site_refuses_bad_input_before_any_node_is_contacted(tmp_path):
     result, _ = refused_by_site(
-        tmp_path, extravars={"checkpoint_revision": "main", "kimi_vllm_pip_pins": {"vllm": ">=0.23"}}
+        tmp_path, extravars={"kimi_checkpoint_revision": "main", "kimi_vllm_pip_pins": {"vllm": ">=0.23"}}
     )
     assert result.rc != 0
     assert not result.unreachable_hosts, "a node was contacted before the inputs were judged"
     tasks = {f["task"] for f in result.failures}
     assert tasks == {JUDGE}, result.failure_messages()
     message = result.failures[0]["msg"]
-    assert "checkpoint_revision is not a 40-hex commit sha" in message
+    assert "kimi_checkpoint_revision is not a 40-hex commit sha" in message
     assert "kimi_vllm_pip_pins vllm must be pinned to one exact version" in message
     assert not (tmp_path / "preflight.json").exists()
 
@@ -183,10 +160,10 @@ def test_a_type_error_in_a_later_phase_is_refused_in_the_first(tmp_path):
 def test_skipped_phases_are_not_judged(tmp_path):
     # With the checkpoint phase skipped its revision does not matter: the run gets past the inputs and stops
     # at the first node task (the closed loopback port).
-    result, _ = refused_by_site(tmp_path, extravars={"checkpoint_revision": "main"}, skip_tags="checkpoint")
+    result, _ = refused_by_site(tmp_path, extravars={"kimi_checkpoint_revision": "main"}, skip_tags="checkpoint")
     assert JUDGE not in {f["task"] for f in result.failures}
     assert result.unreachable_hosts == ["gn-h100-node1", "gn-h100-node2"]
-    result, _ = refused_by_site(tmp_path, extravars={"checkpoint_revision": "main"}, tags="serve")
+    result, _ = refused_by_site(tmp_path, extravars={"kimi_checkpoint_revision": "main"}, tags="serve")
     assert JUDGE not in {f["task"] for f in result.failures}
     result, _ = refused_by_site(tmp_path, extravars={"kimi_serve_layout": "k8s"}, tags="serve")
     assert {f["task"] for f in result.failures} == {KIMI_SPEC} and not result.unreachable_hosts
@@ -208,6 +185,11 @@ def test_an_inventory_with_a_retired_name_is_refused_naming_the_kimi_one(tmp_pat
     assert "vllm_serve_layout is no longer read: the value is the kimi role's kimi_serve_layout" in text, text
     assert "set kimi_serve_layout instead (same value)" in text
     assert "nvidia_driver_install is no longer read: the value is the kimi role's kimi_nvidia_driver_install" in text
+    # So is the checkpoint role's old name for the pin the shipped inventories once set.
+    result = run_inputs("greennode", tmp_path, checkpoint_revision="74797c9c62378b951a1f6fcf5c4631024e9b8bef")
+    assert result.rc != 0 and not result.unreachable_hosts
+    text = messages(result)
+    assert "checkpoint_revision is no longer read: the value is the kimi role's kimi_checkpoint_revision" in text, text
 
 
 def readme_plan_command() -> list[str]:

@@ -93,7 +93,8 @@ def test_a_bundle_without_this_checkpoint_is_named(tmp_path, kwargs, repo, revis
 
 
 def test_patterns_that_select_nothing_are_named(tmp_path):
-    with pytest.raises(kc.BundleCheckpointError, match=r"no file of .* that checkpoint_include/checkpoint_exclude"):
+    selecting = r"no file of .* that kimi_checkpoint_include/kimi_checkpoint_exclude"
+    with pytest.raises(kc.BundleCheckpointError, match=selecting):
         kc.bundle_listing(manifest(tmp_path), REPO, SHA, ["*.bin"], [])
 
 

@@ -28,8 +28,8 @@ GOOD = {
     "kimi_vllm_version": "0.23.0",
     "kimi_vllm_pip_pins": {"vllm": "0.23.0", "nvidia-nccl-cu13": "2.28.9"},
     "kimi_vllm_pip_overrides": {},
-    "checkpoint_repo_id": "moonshotai/Kimi-K2.7-Code",
-    "checkpoint_revision": "74797c9c62378b951a1f6fcf5c4631024e9b8bef",
+    "kimi_checkpoint_repo_id": "moonshotai/Kimi-K2.7-Code",
+    "kimi_checkpoint_revision": "74797c9c62378b951a1f6fcf5c4631024e9b8bef",
 }
 EVERY_PHASE = list(ki.PHASES)
 
@@ -51,16 +51,16 @@ def test_good_inputs_pass():
 @pytest.mark.parametrize(
     ("variable", "value", "words"),
     [
-        ("checkpoint_revision", ki, "is not set"),
-        ("checkpoint_revision", "", "is not set"),
-        ("checkpoint_revision", "main", "40-hex commit"),
-        ("checkpoint_revision", "74797C9C62378B951A1F6FCF5C4631024E9B8BEF", "lower case"),
-        ("checkpoint_revision", "74797c9c", "40-hex commit"),
-        ("checkpoint_repo_id", ki, "is not set"),
-        ("checkpoint_repo_id", "Kimi-K2.7-Code", "org/name"),
-        ("checkpoint_repo_id", "moonshotai/Kimi K2", "org/name"),
-        ("checkpoint_repo_id", "moonshotai/Kimi-K2-Thinking", "preset of moonshotai/Kimi-K2.7-Code"),
-        ("checkpoint_dir", "data/models", "absolute path"),
+        ("kimi_checkpoint_revision", ki, "is not set"),
+        ("kimi_checkpoint_revision", "", "is not set"),
+        ("kimi_checkpoint_revision", "main", "40-hex commit"),
+        ("kimi_checkpoint_revision", "74797C9C62378B951A1F6FCF5C4631024E9B8BEF", "lower case"),
+        ("kimi_checkpoint_revision", "74797c9c", "40-hex commit"),
+        ("kimi_checkpoint_repo_id", ki, "is not set"),
+        ("kimi_checkpoint_repo_id", "Kimi-K2.7-Code", "org/name"),
+        ("kimi_checkpoint_repo_id", "moonshotai/Kimi K2", "org/name"),
+        ("kimi_checkpoint_repo_id", "moonshotai/Kimi-K2-Thinking", "preset of moonshotai/Kimi-K2.7-Code"),
+        ("kimi_checkpoint_allow_branch", "maybe", "not a boolean"),
         ("checkpoint_hf_endpoint", "huggingface.co", "http(s) URL"),
         ("checkpoint_force_verify", "maybe", "not a boolean"),
     ],
@@ -74,8 +74,8 @@ def test_checkpoint_inputs_are_refused_with_the_variable_named(variable, value, 
 
 
 def test_a_branch_is_accepted_only_when_allowed():
-    assert problems(checkpoint_revision="main", checkpoint_allow_branch="true") == []
-    assert problems(checkpoint_revision="main", checkpoint_allow_branch="no")
+    assert problems(kimi_checkpoint_revision="main", kimi_checkpoint_allow_branch="true") == []
+    assert problems(kimi_checkpoint_revision="main", kimi_checkpoint_allow_branch="no")
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_the_planned_budget_switch_takes_auto_or_a_boolean():
 
 
 def test_only_the_phases_that_run_are_judged():
-    bad = {"checkpoint_revision": "main", "kimi_libnccl2_version": ""}
+    bad = {"kimi_checkpoint_revision": "main", "kimi_libnccl2_version": ""}
     assert {p["phase"] for p in problems(**bad)} == {"checkpoint", "stack"}
     assert {p["phase"] for p in problems(["stack"], **bad)} == {"stack"}
     assert problems(["parity", "serve"], **bad) == []
@@ -188,7 +188,7 @@ def test_booleans_as_typed_with_e(text, value):
 
 
 def test_the_failure_message_lists_every_problem_once():
-    found = problems(checkpoint_revision="", kimi_libnccl2_version="")
+    found = problems(kimi_checkpoint_revision="", kimi_libnccl2_version="")
     message = ki.failure_message(found, ["stack", "checkpoint"])
     assert (
         message.splitlines()[0] == "2 inputs refused before any node was changed (phases checked: stack, checkpoint):"
@@ -196,41 +196,26 @@ def test_the_failure_message_lists_every_problem_once():
     assert len(message.splitlines()) == 3
 
 
-# ---------------------------------------------------------------- phase-role variables left to their defaults
-PINNED = {"checkpoint_repo_id": ki, "checkpoint_revision": ki}  # unset: the role default derives them
-KIMI_PINS = {
-    "kimi_checkpoint_repo_id": GOOD["checkpoint_repo_id"],
-    "kimi_checkpoint_revision": GOOD["checkpoint_revision"],
-}
-
-
-def test_the_kimi_checkpoint_values_alone_pass():
-    # The inventory sets the kimi role's single-source values only; the checkpoint role derives its own from them.
-    assert problems(**PINNED, **KIMI_PINS) == []
-
-
-def test_a_bad_kimi_value_is_refused_naming_both_variables():
-    problem = only(problems(**PINNED, **{**KIMI_PINS, "kimi_checkpoint_revision": "main"}), "checkpoint_revision")
+# ---------------------------------------------------------------- one name per value: the kimi role's
+def test_a_checkpoint_problem_names_the_kimi_variable_alone():
+    # The checkpoint role reads the kimi role's name; there is no second name to mention beside it.
+    problem = only(problems(kimi_checkpoint_revision="main"), "kimi_checkpoint_revision")
     assert problem["phase"] == "checkpoint" and "40-hex commit" in problem["message"]
-    assert problem["text"].startswith("node1, node2: checkpoint_revision (or kimi_checkpoint_revision) is not a 40-hex")
-
-
-def test_neither_set_names_both_variables():
-    found = problems(**PINNED, kimi_checkpoint_repo_id="", kimi_checkpoint_revision="")
+    assert problem["text"].startswith("node1, node2: kimi_checkpoint_revision is not a 40-hex")
+    assert "(or " not in problem["text"]
+    found = problems(kimi_checkpoint_repo_id="", kimi_checkpoint_revision="")
     assert [p["text"].split(" is not set")[0] for p in found] == [
-        "node1, node2: checkpoint_repo_id (or kimi_checkpoint_repo_id)",
-        "node1, node2: checkpoint_revision (or kimi_checkpoint_revision)",
+        "node1, node2: kimi_checkpoint_repo_id",
+        "node1, node2: kimi_checkpoint_revision",
     ]
 
 
-def test_the_phase_roles_own_value_wins_and_is_named_alone():
-    # As in the play: an inventory's checkpoint_revision overrides the role default, whatever the kimi value.
-    assert problems(kimi_checkpoint_revision="main") == []
-    problem = only(
-        problems(checkpoint_revision="main", kimi_checkpoint_revision=GOOD["checkpoint_revision"]),
-        "checkpoint_revision",
-    )
-    assert problem["text"].startswith("node1, node2: checkpoint_revision is not a 40-hex")
+def test_an_inventory_still_setting_the_checkpoint_roles_old_name_is_refused():
+    # The old name changes nothing any more: refused naming the kimi variable, whose value is judged on its own.
+    found = problems(checkpoint_revision="main")
+    assert [(p["variable"], p["fix"]) for p in found] == [
+        ("checkpoint_revision", "set kimi_checkpoint_revision instead (same value)")
+    ]
 
 
 def test_the_driver_is_judged_when_the_kimi_switch_installs_it():
@@ -248,47 +233,40 @@ def test_the_kimi_serve_layout_is_judged_as_the_serve_layout():
 
 
 def test_a_kimi_value_every_phase_reads_is_refused_once():
-    # checkpoint_dir derives from kimi_checkpoint_dir, which is judged for every phase: one problem, not two.
+    # kimi_checkpoint_dir, where the checkpoint phase downloads, is judged for every phase: one problem, not two.
     problem = only(problems(kimi_checkpoint_dir="models"), "kimi_checkpoint_dir")
-    assert problem["phase"] == "every"
+    assert problem["phase"] == "every" and "absolute path" in problem["message"]
 
 
 KIMI_ROLE = paths.REPO_ROOT / "roles" / "kimi"
 WHOLE_KIMI_VALUE = re.compile(r"\{\{\s*(kimi_\w+)\s*\}\}")
 
 
-def derived_role_defaults() -> dict[str, str]:
+def copies_of_kimi_settings() -> dict[str, str]:
     """Every phase role's default whose whole value is one kimi setting: {variable: kimi variable}. A default that
     is one of the kimi role's derivations (roles/kimi/vars/main.yml, e.g. kimi_monitoring_hosts) is no input."""
     settings = yaml.safe_load((KIMI_ROLE / "defaults" / "main.yml").read_text())
-    derived = {}
+    copies = {}
     for path in sorted(paths.REPO_ROOT.glob("roles/*/defaults/main.yml")):
         if path.parts[-3] == "kimi":
             continue
         for name, value in (yaml.safe_load(path.read_text()) or {}).items():
             match = WHOLE_KIMI_VALUE.fullmatch(value.strip()) if isinstance(value, str) else None
             if match and match.group(1) in settings:
-                derived[name] = match.group(1)
-    return derived
+                copies[name] = match.group(1)
+    return copies
 
 
-def test_the_derived_map_is_the_roles_defaults():
-    # The phase-role variables the kimi role hands to the judge (roles/kimi/vars/main.yml), and of those the ones
-    # a role default derives from a kimi variable: exactly DERIVED_FROM, so a changed default cannot drift from it.
+def test_no_phase_role_variable_the_judge_reads_is_a_copy_of_a_kimi_value():
+    # The phase-role variables the kimi role hands to the judge (roles/kimi/vars/main.yml) are judged by their own
+    # name: none may be a copy of a kimi setting, whose unset value the judge would not see (the kimi name is what
+    # the judge reads, and what its messages name). A retired name is handed over only to be refused.
     handed = yaml.safe_load((KIMI_ROLE / "vars" / "main.yml").read_text())["kimi_input_variables"]
-    expected = {name: source for name, source in derived_role_defaults().items() if name in handed}
-    assert expected == ki.DERIVED_FROM
+    copies = set(copies_of_kimi_settings()) & set(handed)
+    assert not copies - set(ki.RETIRED_VARIABLES), sorted(copies)
 
 
-def test_every_kimi_variable_of_the_map_reaches_the_judge():
-    # roles/kimi/tasks/inputs.yml hands over the kimi role's argument spec options: a kimi variable outside it
-    # would never arrive, and its phase variable would be judged as unset.
-    spec = yaml.safe_load((KIMI_ROLE / "meta" / "argument_specs.yml").read_text())
-    options = spec["argument_specs"]["main"]["options"]
-    assert set(ki.DERIVED_FROM.values()) <= set(options)
-
-
-def test_the_map_scan_reads_a_whole_kimi_value_only():
+def test_the_copy_scan_reads_a_whole_kimi_value_only():
     assert WHOLE_KIMI_VALUE.fullmatch("{{ kimi_checkpoint_repo_id }}").group(1) == "kimi_checkpoint_repo_id"
     assert WHOLE_KIMI_VALUE.fullmatch("{{ kimi_data_dir }}/models") is None
     assert WHOLE_KIMI_VALUE.fullmatch("{{ kimi_x | default('') }}") is None
@@ -320,7 +298,7 @@ def test_good_monitoring_inputs_pass():
         ({"monitoring_retention": ""}, "monitoring_retention", "is not a Prometheus duration"),
         ({"monitoring_alert_stall_for": "3"}, "monitoring_alert_stall_for", "is not a Prometheus duration"),
         ({"monitoring_webhook_url": "hooks.example/x"}, "monitoring_webhook_url", "is not an http(s) URL"),
-        ({"monitoring_enabled": "maybe"}, "monitoring_enabled", "is not a boolean"),
+        ({"kimi_monitoring_enabled": "maybe"}, "kimi_monitoring_enabled", "is not a boolean"),
         ({"monitoring_dcgm_exporter_enabled": "gpu"}, "monitoring_dcgm_exporter_enabled", "is not a boolean"),
         ({"monitoring_alert_dcgm_down_for": "5 min"}, "monitoring_alert_dcgm_down_for", "is not a Prometheus duration"),
     ],
@@ -338,7 +316,7 @@ def test_prometheus_durations_pass(duration):
 
 def test_a_disabled_monitoring_phase_is_not_judged():
     assert monitoring(kimi_monitoring_enabled=False, monitoring_retention="forever") == []
-    assert monitoring(monitoring_enabled="false", kimi_monitoring_group=["elsewhere"]) == []
+    assert monitoring(kimi_monitoring_enabled="false", kimi_monitoring_group=["elsewhere"]) == []
 
 
 def test_the_monitoring_durations_are_the_role_defaults_and_handed_over():
@@ -415,7 +393,9 @@ def mirror(inventory=None, **changes):
         "offline_mirror_fingerprint": FINGERPRINT,
         "offline_mirror_root": "/srv/kimi-bundle",
         "kimi_offline_mirror_port": 8081,
-        "offline_mirror_bind_address": "10.0.0.5",
+        "kimi_announced_ip": "10.0.0.5",
+        "kimi_host_ip": "",
+        "kimi_network_interface": "ib0",
         "offline_mirror_inventory": {
             "serving_node": False,
             "router": False,
@@ -430,7 +410,7 @@ def mirror(inventory=None, **changes):
 def test_good_offline_mirror_inputs_pass():
     assert mirror() == []
     assert mirror(offline_mirror_bundle_path="", offline_mirror_bundle_src="/home/op/bundle") == []
-    assert mirror(offline_mirror_bind_address="fd00::5", kimi_offline_mirror_port="8082") == []
+    assert mirror(kimi_announced_ip="fd00::5", kimi_offline_mirror_port="8082") == []
 
 
 def test_neither_or_both_bundle_sources_are_refused_naming_both_variables_and_the_host():
@@ -462,9 +442,18 @@ def test_a_fingerprint_that_is_not_40_hex_digits_is_refused(fingerprint):
     assert "bin/kimi-bundle fingerprint" in found["fix"]
 
 
-@pytest.mark.parametrize("address", ["", "mirror.example", "10.0.0"])
-def test_a_bind_address_that_is_not_an_address_is_refused(address):
-    found = only(mirror(offline_mirror_bind_address=address), "offline_mirror_bind_address")
+@pytest.mark.parametrize("address", ["mirror.example", "10.0.0"])
+def test_a_mirror_address_that_is_not_an_address_is_refused_naming_kimi_host_ip(address):
+    # kimi_announced_ip is kimi_host_ip when that is set: the problem names what the user set.
+    found = only(mirror(kimi_announced_ip=address, kimi_host_ip=address), "kimi_host_ip")
+    assert f"is not an IP address the mirror can listen on (got {address!r})" in found["message"]
+    assert "kimi_host_ip" in found["fix"]
+
+
+def test_no_address_to_listen_on_is_refused_naming_the_interface():
+    # kimi_host_ip empty: kimi_announced_ip is the interface's IPv4, absent on this host.
+    found = only(mirror(kimi_announced_ip=""), "kimi_network_interface")
+    assert found["text"].startswith("mirror1: kimi_network_interface ('ib0') has no IPv4 address on the mirror host")
     assert "kimi_host_ip" in found["fix"]
 
 
@@ -540,7 +529,30 @@ def test_a_retired_copy_of_a_kimi_value_is_refused_naming_its_successor(old):
 
 def test_the_kimi_role_hands_over_every_retired_name():
     handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
-    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_DERIVED) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+
+
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_DERIVED))
+def test_a_retired_copy_of_a_derived_kimi_value_is_refused_naming_what_to_set(old):
+    # The successor is derived (roles/kimi/vars/main.yml): the fix names the setting it derives from, not it.
+    found = only(problems(**{old: "10.0.0.5"}), old)
+    derived, fix = ki.RETIRED_DERIVED[old]
+    assert found["phase"] == "every"
+    assert found["message"] == (
+        f"is no longer read: the value is the kimi role's {derived}, derived from what you set, which every role reads"
+    )
+    assert found["fix"] == fix and fix.startswith("set kimi_")
+    kimi_vars = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())
+    assert derived in kimi_vars
+
+
+def test_the_mirror_address_is_retired_naming_kimi_host_ip():
+    found = only(problems(offline_mirror_bind_address="10.0.0.5"), "offline_mirror_bind_address")
+    assert found["text"] == (
+        "node1, node2: offline_mirror_bind_address is no longer read: the value is the kimi role's kimi_announced_ip, "
+        "derived from what you set, which every role reads (read by every phase); set kimi_host_ip for the mirror "
+        "host instead (empty: the IPv4 of its kimi_network_interface)"
+    )
 
 
 @pytest.mark.parametrize("old", sorted(ki.RETIRED_HOST_LISTS))

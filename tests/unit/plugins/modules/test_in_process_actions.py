@@ -28,8 +28,8 @@ TOPOLOGY = {
 # The checkpoint phase's own values, judged without those every phase reads (`common: false`).
 HOST_VALUES = {
     "kimi_model": "kimi-k2.7-code",
-    "checkpoint_repo_id": "moonshotai/Kimi-K2.7-Code",
-    "checkpoint_revision": "74797c9c62378b951a1f6fcf5c4631024e9b8bef",
+    "kimi_checkpoint_repo_id": "moonshotai/Kimi-K2.7-Code",
+    "kimi_checkpoint_revision": "74797c9c62378b951a1f6fcf5c4631024e9b8bef",
 }
 
 
