@@ -323,3 +323,106 @@ def test_the_not_yet_list_only_names_copies_that_still_exist():
         name for _, name, value in role_settings() if isinstance(value, str) and BARE_COPY.fullmatch(value.strip())
     }
     assert copies >= NOT_YET_ONE_NAME, f"no longer copies, drop them from NOT_YET_ONE_NAME: {NOT_YET_ONE_NAME - copies}"
+
+
+# ---------------------------------------------------------------- retired names stay retired
+# A name the input check refuses (RETIRED_VARIABLES, RETIRED_DERIVED_VARIABLES, RETIRED_PORT_VARIABLES,
+# RETIRED_HOST_LISTS in plugins/module_utils/kimi_inputs.py) is read or set nowhere: a role reading it would read
+# nothing (no default defines it), an inventory or test setting it is refused. Only the retirement itself names
+# them: the lists, the kimi role's hand-over list, their tests and CHANGELOG.md.
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_inputs  # noqa: E402
+
+RETIRED = (
+    set(kimi_inputs.RETIRED_VARIABLES)
+    | set(getattr(kimi_inputs, "RETIRED_DERIVED_VARIABLES", {}))
+    | set(kimi_inputs.RETIRED_PORT_VARIABLES)
+    | set(kimi_inputs.RETIRED_HOST_LISTS)
+)
+RETIRED_WORD = re.compile(r"(?<![\w.-])(" + "|".join(sorted(RETIRED, key=len, reverse=True)) + r")(?![\w-])")
+RETIREMENT_FILES = {
+    "roles/kimi/vars/main.yml",  # kimi_input_variables hands the retired names to the check
+    "tests/unit/plugins/module_utils/test_kimi_inputs.py",
+    "tests/local/test_inputs.py",
+    "tests/unit/roles/test_single_source.py",
+}
+# Messages of plugins/module_utils/kimi_nccl_tests.py still name the retired nccl_tests copies (that file is being
+# split elsewhere; its messages and this test's assertions follow then): drop an entry once its file no longer
+# names it.
+PENDING = {
+    "tests/unit/plugins/module_utils/test_kimi_nccl_tests.py": {"nccl_tests_host_address", "nccl_tests_interface"},
+}
+# Words spelled like a retired name that are no Ansible variable: file -> {word: what it is}.
+NOT_A_VARIABLE = {
+    "roles/firewall/templates/kimi.nft.j2": {"monitoring_hosts": "the nftables set's name"},
+    "tests/local/test_firewall_render.py": {
+        "monitoring_hosts": "the nftables set's name",
+        "router_port": "every_port()'s keyword for the ROUTER_PORT constant",
+    },
+    "tests/unit/plugins/module_utils/test_kimi_nftables.py": {"monitoring_hosts": "the nftables set's name"},
+}
+SCANNED_SUFFIXES = {".yml", ".yaml", ".j2", ".py", ".cfg", ".ini"}
+
+
+def module_options() -> set[str]:
+    """Every option name of the collection's modules (an option is the module's API, not an Ansible variable:
+    kimi_stack_facts' nccl_env_file is no retired nccl_env_file)."""
+    import ast
+
+    found: set[str] = set()
+
+    def walk(options: dict) -> None:
+        for name, spec in (options or {}).items():
+            found.add(name)
+            walk((spec or {}).get("suboptions"))
+
+    for path in (paths.REPO_ROOT / "plugins" / "modules").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
+                walk(yaml.safe_load(node.value.value).get("options"))
+    return found
+
+
+def scanned_files() -> list[Path]:
+    root = paths.REPO_ROOT
+    found = [root / "site.yml"]
+    for folder in ("roles", "playbooks", "molecule", "inventories", "lab", "tests"):
+        found += [p for p in (root / folder).rglob("*") if p.is_file() and p.suffix in SCANNED_SUFFIXES]
+    return sorted(p for p in found if p.exists() and str(p.relative_to(root)) not in RETIREMENT_FILES)
+
+
+def retired_names_read(text: str, options: set[str], allowed: frozenset = frozenset()) -> list[str]:
+    """The retired names a file's text reads or sets; `name:` or `name=` of a module option is the option."""
+    found = []
+    for match in RETIRED_WORD.finditer(text):
+        name = match.group(1)
+        is_key = re.match(r"\s*[:=]", text[match.end() :]) is not None
+        if name in allowed or (is_key and name in options):
+            continue
+        found.append(name)
+    return sorted(set(found))
+
+
+def test_no_file_reads_a_retired_variable():
+    options = module_options()
+    offenders = {}
+    for path in scanned_files():
+        relative = str(path.relative_to(paths.REPO_ROOT))
+        allowed = frozenset(PENDING.get(relative, ())) | frozenset(NOT_A_VARIABLE.get(relative, ()))
+        found = retired_names_read(path.read_text(errors="replace"), options, allowed)
+        if found:
+            offenders[relative] = found
+    assert not offenders, (
+        f"retired names still read or set: {offenders}. Read the kimi name the input check names instead "
+        "(plugins/module_utils/kimi_inputs.py, RETIRED_*); only CHANGELOG.md tells their history"
+    )
+
+
+def test_the_retired_scan_tells_a_variable_from_a_module_option():
+    options = {"nccl_env_file"}
+    assert retired_names_read('x: "{{ vllm_serve_api_key }}"', options) == ["vllm_serve_api_key"]
+    assert retired_names_read("vllm_serve_api_key: secret", options) == ["vllm_serve_api_key"]
+    assert retired_names_read('    nccl_env_file: "{{ kimi_nccl_env_file }}"', options) == []
+    assert retired_names_read('path: "{{ nccl_env_file }}"', options) == ["nccl_env_file"]
+    assert retired_names_read("kimi_nccl_env_file: /etc/kimi/nccl.env", options) == []
+    assert retired_names_read("parity_nccl_env_file and vllm_serve_host_ip_resolved", options) == []
+    assert retired_names_read("router_api_keys", options, frozenset({"router_api_keys"})) == []
