@@ -229,6 +229,58 @@ RETIRED_VARIABLES = {
     "checkpoint_exclude": "kimi_checkpoint_exclude",
     "checkpoint_marker_name": "kimi_checkpoint_marker_name",
     "monitoring_enabled": "kimi_monitoring_enabled",
+    "nccl_env_file": "kimi_nccl_env_file",
+    "nccl_socket_ifname": "kimi_network_interface",
+    "nccl_gloo_socket_ifname": "kimi_network_interface",
+    "nccl_tests_gpus_per_node": "kimi_gpus_per_node",
+    "nccl_tests_interface": "kimi_network_interface",
+    "nccl_tests_nccl_env_file": "kimi_nccl_env_file",
+    "ray_cluster_num_gpus": "kimi_gpus_per_node",
+    "router_api_keys": "kimi_router_api_keys",
+    "router_backend_api_key": "kimi_api_key",
+    "verify_api_key": "kimi_api_key",
+    "verify_served_model_name": "kimi_served_model_name",
+    "verify_ttft_p99_ms": "kimi_slo_ttft_p99_ms",
+    "verify_tpot_p99_ms": "kimi_slo_tpot_p99_ms",
+    "vllm_serve_model_path": "kimi_checkpoint_dir",
+    "verify_tokenizer_path": "kimi_checkpoint_dir",
+    "vllm_serve_served_model_name": "kimi_served_model_name",
+    "vllm_serve_api_key": "kimi_api_key",
+    "vllm_serve_max_model_len": "kimi_max_model_len",
+    "vllm_serve_kv_cache_dtype": "kimi_kv_cache_dtype",
+    "vllm_serve_nccl_env_file": "kimi_nccl_env_file",
+    "vllm_serve_shutdown_timeout": "kimi_shutdown_timeout",
+    "vllm_serve_watchdog_textfile_dir": "kimi_textfile_dir",
+    "vllm_serve_watchdog_maintenance_file": "kimi_maintenance_file",
+}
+# Retired copies of a value the kimi role derives (roles/kimi/vars/main.yml) rather than takes from the inventory:
+# old name -> (the derived kimi name every role reads, what the user sets instead). No inventory sets the derived
+# name itself, so the fix names what it comes from.
+RETIRED_DERIVED_VARIABLES = {
+    "nccl_tests_host_address": (
+        "kimi_announced_ip",
+        "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)",
+    ),
+    "ray_cluster_node_ip": (
+        "kimi_announced_ip",
+        "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)",
+    ),
+    "vllm_serve_host_ip": (
+        "kimi_announced_ip",
+        "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)",
+    ),
+    "verify_api_unit": (
+        "kimi_vllm_api_unit",
+        "remove it: the unit names are fixed (plugins/module_utils/kimi_serve.py renders the argv per unit)",
+    ),
+    "verify_headless_unit": (
+        "kimi_vllm_headless_unit",
+        "remove it: the unit names are fixed (plugins/module_utils/kimi_serve.py renders the argv per unit)",
+    ),
+    "offline_mirror_bind_address": (
+        "kimi_announced_ip",
+        "set kimi_host_ip for the mirror host instead (empty: the IPv4 of its kimi_network_interface)",
+    ),
 }
 
 
@@ -243,16 +295,6 @@ def port_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems + _ports({**KIMI_PORTS, **values}, tuple(KIMI_PORTS), "every")
 
 
-# Roles' copies of a value the kimi role derives (roles/kimi/vars/main.yml) from what the user sets: old name ->
-# (the derived kimi value every role reads, the fix: what to set instead).
-RETIRED_DERIVED = {
-    "offline_mirror_bind_address": (
-        "kimi_announced_ip",
-        "set kimi_host_ip for the mirror host instead (empty: the IPv4 of its kimi_network_interface)",
-    ),
-}
-
-
 # Roles' copies of the kimi role's host lists (roles/kimi/vars/main.yml), which come from an inventory group: the
 # firewall admitted one list while the router or monitoring role ran on another the day an inventory set only one.
 RETIRED_HOST_LISTS = {
@@ -264,8 +306,8 @@ RETIRED_HOST_LISTS = {
 
 
 def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
-    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES, RETIRED_DERIVED,
-    RETIRED_HOST_LISTS)."""
+    """A retired copy of a kimi role value that an inventory or -e still sets (RETIRED_VARIABLES,
+    RETIRED_DERIVED_VARIABLES, RETIRED_HOST_LISTS)."""
     problems = [
         Problem(
             old,
@@ -278,13 +320,9 @@ def retired_problems(values: Mapping[str, Any]) -> list[Problem]:
     ]
     problems += [
         Problem(
-            old,
-            "every",
-            f"is no longer read: the value is the kimi role's {derived}, derived from what you set, which every role "
-            "reads",
-            fix,
+            old, "every", f"is no longer read: the value is the kimi role's derived {new}, which every role reads", fix
         )
-        for old, (derived, fix) in RETIRED_DERIVED.items()
+        for old, (new, fix) in RETIRED_DERIVED_VARIABLES.items()
         if old in values
     ]
     return problems + [

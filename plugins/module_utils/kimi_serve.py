@@ -41,7 +41,7 @@ class ServeSpec:
     """Everything the argv depends on, as the roles' variables give it (names in the comments)."""
 
     layout: str  # kimi_serve_layout
-    model_path: str  # vllm_serve_model_path (kimi_checkpoint_dir)
+    model_path: str  # kimi_checkpoint_dir
     hosts_by_rank: Sequence[str]  # kimi role: hosts ordered by kimi_node_rank_resolved
     host_ips: dict[str, str]  # per host: kimi_host_ip or the IPv4 of kimi_network_interface
     gpus_per_node: int  # kimi_gpus_per_node
@@ -54,7 +54,7 @@ class ServeSpec:
     data_parallel_rpc_port: int = 13345  # kimi_data_parallel_rpc_port
     api_host: str = "0.0.0.0"  # kimi_api_host: every interface
     api_port: int = 8000  # kimi_api_port
-    served_model_name: str = "kimi-k2"  # vllm_serve_served_model_name
+    served_model_name: str = "kimi-k2"  # kimi_served_model_name
     trust_remote_code: bool = True
     tool_call_parser: str = "kimi_k2"
     reasoning_parser: str = "kimi_k2"
@@ -135,7 +135,7 @@ def _address_problems(spec: ServeSpec) -> list[ServeInputError]:
                 )
             )
     if not spec.model_path:
-        problems.append(ServeInputError("vllm_serve_model_path", "empty"))
+        problems.append(ServeInputError("kimi_checkpoint_dir", "empty"))
     return problems
 
 

@@ -29,7 +29,7 @@ options:
     elements: str
     required: true
   host_addresses:
-    description: Host to the address the other nodes reach it on (C(nccl_tests_host_address) of each host).
+    description: Host to the address the other nodes reach it on (C(kimi_announced_ip) of each host).
     type: dict
     default: {}
   gpus_per_node:

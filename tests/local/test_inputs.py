@@ -192,6 +192,17 @@ def test_an_inventory_with_a_retired_name_is_refused_naming_the_kimi_one(tmp_pat
     assert "checkpoint_revision is no longer read: the value is the kimi role's kimi_checkpoint_revision" in text, text
 
 
+def test_an_inventory_with_a_retired_key_or_address_is_refused_by_name_without_its_value(tmp_path):
+    # A retired key name reaches the check by name only (tasks/inputs.yml): refused, the secret never printed.
+    result = run_inputs("h200-dp-ep", tmp_path, vllm_serve_api_key="old-secret-value", vllm_serve_host_ip="10.20.0.99")
+    assert result.rc != 0 and not result.unreachable_hosts
+    text = messages(result)
+    assert "vllm_serve_api_key is no longer read: the value is the kimi role's kimi_api_key" in text, text
+    assert "vllm_serve_host_ip is no longer read: the value is the kimi role's derived kimi_announced_ip" in text
+    assert "set kimi_host_ip instead" in text
+    assert "old-secret-value" not in json.dumps(result.events)
+
+
 def readme_plan_command() -> list[str]:
     text = (REPO_ROOT / "README.md").read_text()
     match = re.search(r"`(bin/kimi-plan [^`]+)`", text)

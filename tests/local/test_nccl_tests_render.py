@@ -87,7 +87,7 @@ def real_run_vars(tmp_path: Path, recorded: str) -> dict:
         "nccl_tests_launcher": "torchrun",
         "nccl_tests_torchrun": str(fake_torchrun(tmp_path, recorded)),
         "nccl_tests_install_dir": str(tmp_path / "opt"),
-        "nccl_tests_nccl_env_file": str(env_file),
+        "kimi_nccl_env_file": str(env_file),
         "nccl_tests_require_transport": "IB",
         "nccl_tests_expected_nccl_version": "2.30.7-1+cuda13.3",
         "nccl_tests_min_busbw_gbs": 250,

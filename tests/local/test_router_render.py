@@ -278,12 +278,12 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
         (
             {"kimi_router_api_keys": ["good-key", "bad key with spaces", "newline-after-it\n"]},
             "Refuse missing or unusable API keys (before anything is installed)",
-            ["On router1: router_api_keys", "2 of its 3 keys hold other characters"],
+            ["On router1: kimi_router_api_keys", "2 of its 3 keys hold other characters"],
         ),
         (
             {"kimi_router_api_keys": []},
             "Refuse missing or unusable API keys (before anything is installed)",
-            ["router_api_keys must be a list of at least one key"],
+            ["kimi_router_api_keys must be a list of at least one key"],
         ),
         (
             {"router_deb_pins": {"trixie": {"haproxy": "3.0"}}},

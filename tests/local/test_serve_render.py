@@ -40,7 +40,7 @@ CASES = {
     # The lab's nodes are Debian 12: systemd 252, no RestartSteps.
     "lab-mp": (
         FIXTURES / "serve" / "inventories" / "lab-mp",
-        {"vllm_serve_api_key": "lab-secret", "vllm_serve_systemd_version": 252},
+        {"kimi_api_key": "lab-secret", "vllm_serve_systemd_version": 252},
         LAB_FLAGS,
     ),
 }

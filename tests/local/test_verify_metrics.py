@@ -22,7 +22,7 @@ PLAYBOOK = """
         tasks_from: metrics
       vars:
         verify_api_url: http://127.0.0.1:1
-        verify_api_key: secret-key
+        kimi_api_key: secret-key
         verify_check_timeout: 5
 
     - name: Show the verdict

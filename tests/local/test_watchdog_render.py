@@ -39,7 +39,7 @@ def render_vars(root: Path, **extra) -> dict:
         "vllm_serve_manage_services": False,
         "vllm_serve_systemd_version": 252,
         "vllm_serve_destdir": str(root) + "/{{ inventory_hostname }}",
-        "vllm_serve_api_key": "lab-secret",
+        "kimi_api_key": "lab-secret",
         **extra,
     }
 

@@ -527,32 +527,55 @@ def test_a_retired_copy_of_a_kimi_value_is_refused_naming_its_successor(old):
     assert found["fix"] == f"set {new} instead (same value)"
 
 
+@pytest.mark.parametrize("old", sorted(ki.RETIRED_DERIVED_VARIABLES))
+def test_a_retired_copy_of_a_derived_kimi_value_is_refused_naming_what_to_set(old):
+    # vllm_serve_host_ip was a copy of kimi_announced_ip, which no inventory sets: the fix names kimi_host_ip.
+    found = only(problems(**{old: "10.20.0.11"}), old)
+    new, fix = ki.RETIRED_DERIVED_VARIABLES[old]
+    assert found["phase"] == "every"
+    assert found["message"] == f"is no longer read: the value is the kimi role's derived {new}, which every role reads"
+    assert found["fix"] == fix
+
+
+def test_the_retired_announced_address_names_kimi_host_ip_and_the_units_are_fixed():
+    assert only(problems(vllm_serve_host_ip="10.20.0.11"), "vllm_serve_host_ip")["fix"].startswith(
+        "set kimi_host_ip instead"
+    )
+    assert only(problems(verify_api_unit="x.service"), "verify_api_unit")["fix"].startswith(
+        "remove it: the unit names are fixed"
+    )
+
+
 def test_the_kimi_role_hands_over_every_retired_name():
     handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
-    assert set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_DERIVED) | set(ki.RETIRED_HOST_LISTS) <= set(handed_over)
+    retired = set(ki.RETIRED_VARIABLES) | set(ki.RETIRED_DERIVED_VARIABLES) | set(ki.RETIRED_HOST_LISTS)
+    assert retired <= set(handed_over)
 
 
-@pytest.mark.parametrize("old", sorted(ki.RETIRED_DERIVED))
-def test_a_retired_copy_of_a_derived_kimi_value_is_refused_naming_what_to_set(old):
-    # The successor is derived (roles/kimi/vars/main.yml): the fix names the setting it derives from, not it.
-    found = only(problems(**{old: "10.0.0.5"}), old)
-    derived, fix = ki.RETIRED_DERIVED[old]
-    assert found["phase"] == "every"
-    assert found["message"] == (
-        f"is no longer read: the value is the kimi role's {derived}, derived from what you set, which every role reads"
-    )
-    assert found["fix"] == fix and fix.startswith("set kimi_")
-    kimi_vars = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())
-    assert derived in kimi_vars
+def test_a_retired_key_name_reaches_the_check_by_name_and_never_its_value():
+    # tasks/inputs.yml keeps every name ending in api_key(s) out of the values and hands those set over with a
+    # placeholder: the retired key names must be among them, so they are refused without their secret.
+    tasks = (paths.REPO_ROOT / "roles/kimi/tasks/inputs.yml").read_text()
+    assert "reject('search', 'api_keys?$')" in tasks
+    assert "select('search', 'api_keys?$')" in tasks and "(set: a secret, not shown)" in tasks
+    secrets = [old for old in ki.RETIRED_VARIABLES if re.search("api_keys?$", old)]
+    assert sorted(secrets) == ["router_api_keys", "router_backend_api_key", "verify_api_key", "vllm_serve_api_key"]
+    found = only(problems(vllm_serve_api_key="(set: a secret, not shown)"), "vllm_serve_api_key")
+    assert found["fix"] == "set kimi_api_key instead (same value)"
 
 
 def test_the_mirror_address_is_retired_naming_kimi_host_ip():
     found = only(problems(offline_mirror_bind_address="10.0.0.5"), "offline_mirror_bind_address")
     assert found["text"] == (
-        "node1, node2: offline_mirror_bind_address is no longer read: the value is the kimi role's kimi_announced_ip, "
-        "derived from what you set, which every role reads (read by every phase); set kimi_host_ip for the mirror "
+        "node1, node2: offline_mirror_bind_address is no longer read: the value is the kimi role's derived "
+        "kimi_announced_ip, which every role reads (read by every phase); set kimi_host_ip for the mirror "
         "host instead (empty: the IPv4 of its kimi_network_interface)"
     )
+
+
+def test_every_derived_successor_is_a_kimi_role_variable():
+    kimi_vars = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())
+    assert {derived for derived, _ in ki.RETIRED_DERIVED_VARIABLES.values()} <= set(kimi_vars)
 
 
 @pytest.mark.parametrize("old", sorted(ki.RETIRED_HOST_LISTS))
@@ -567,6 +590,9 @@ def test_a_retired_name_is_no_name_the_kimi_role_owns():
     spec = yaml.safe_load((KIMI_ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
     assert set(ki.RETIRED_VARIABLES.values()) <= set(spec)
     assert not set(ki.RETIRED_VARIABLES) & set(spec)
+    derived = yaml.safe_load((KIMI_ROLE / "vars" / "main.yml").read_text())
+    assert {new for new, _ in ki.RETIRED_DERIVED_VARIABLES.values()} <= set(derived)
+    assert not set(ki.RETIRED_DERIVED_VARIABLES) & (set(spec) | set(derived))
 
 
 @pytest.mark.parametrize("old", sorted(ki.RETIRED_PORT_VARIABLES))
