@@ -99,7 +99,7 @@ def checkpoint_state(
     and why it is drift.
 
     The pin verdict is the checkpoint role's own (pin_matches, and the marker version). A branch revision
-    (checkpoint_allow_branch) is compared by the name the marker says it was resolved from, since drift does
+    (kimi_checkpoint_allow_branch) is compared by the name the marker says it was resolved from, since drift does
     not ask the Hub. `files`: the node's answer of kimi_checkpoint_info (each recorded file's
     stat compared with the marker, and the rotating sample hashed), absent or skipped when not read.
     """
@@ -113,8 +113,11 @@ def checkpoint_state(
             Finding(
                 "incomplete",
                 host,
-                "checkpoint_repo_id and checkpoint_revision are not set: the marker cannot be compared",
-                fix="set checkpoint_repo_id and checkpoint_revision in the inventory, or drift_check_checkpoint: false",
+                "kimi_checkpoint_repo_id and kimi_checkpoint_revision are not set: the marker cannot be compared",
+                fix=(
+                    "set kimi_checkpoint_repo_id and kimi_checkpoint_revision in the inventory, or "
+                    "drift_check_checkpoint: false"
+                ),
             )
         ]
     text, problem = marker_text(read)
@@ -396,7 +399,8 @@ def build_report(
             Finding(
                 "incomplete",
                 None,
-                "checkpoint_repo_id and checkpoint_revision are not set: the checkpoint markers cannot be compared",
+                "kimi_checkpoint_repo_id and kimi_checkpoint_revision are not set: the checkpoint markers cannot be "
+                "compared",
                 fix="set them in the inventory, or drift_check_checkpoint: false",
             )
         )

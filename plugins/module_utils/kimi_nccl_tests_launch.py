@@ -74,8 +74,8 @@ class LaunchSpec:
 
     launcher: str  # nccl_tests_launcher: mpirun or torchrun
     hosts_by_rank: Sequence[str]  # kimi role: the kimi_nodes hosts ordered by node rank
-    host_addresses: Mapping[str, str]  # per host: nccl_tests_host_address (kimi_host_ip or the interface's IPv4)
-    gpus_per_node: int  # nccl_tests_gpus_per_node (kimi_gpus_per_node)
+    host_addresses: Mapping[str, str]  # per host: kimi_announced_ip (kimi_host_ip or the interface's IPv4)
+    gpus_per_node: int  # kimi_gpus_per_node
     binary: str  # all_reduce_perf (mpirun) or the torch benchmark script (torchrun)
     min_bytes: str = "1M"  # nccl_tests_min_bytes (-b)
     max_bytes: str = "4G"  # nccl_tests_max_bytes (-e)
@@ -85,7 +85,7 @@ class LaunchSpec:
     warmup_iters: int = 5  # nccl_tests_warmup_iters (-w)
     check_iters: int = 1  # nccl_tests_check_iters (-c; 0 skips the data check)
     env: Mapping[str, str] = field(default_factory=dict)  # launch_env(): -x for mpirun, the environment for torchrun
-    interface: str = ""  # nccl_tests_interface (kimi_network_interface): MPI's TCP and out-of-band traffic
+    interface: str = ""  # kimi_network_interface: MPI's TCP and out-of-band traffic
     launcher_path: str = ""  # nccl_tests_mpirun / nccl_tests_torchrun; empty: the launcher's name
     launcher_args: Sequence[str] = ()  # nccl_tests_mpirun_args / nccl_tests_torchrun_args, before the binary
     test_args: Sequence[str] = ()  # nccl_tests_extra_test_args, after the sizes
@@ -116,7 +116,7 @@ def validate(spec: LaunchSpec) -> list[NcclTestsInputError]:
         if not str(spec.host_addresses.get(host) or "").strip():
             problems.append(
                 NcclTestsInputError(
-                    "nccl_tests_host_address",
+                    "kimi_host_ip",
                     f"{host} has no address: set kimi_host_ip, or make sure kimi_network_interface "
                     f"{spec.interface or '(unset)'} has an IPv4 address there (facts of that interface are needed)",
                 )
@@ -155,7 +155,9 @@ def validate(spec: LaunchSpec) -> list[NcclTestsInputError]:
         )
     if spec.interface and not re.match(r"^[A-Za-z0-9_.:@-]+$", spec.interface):
         problems.append(
-            NcclTestsInputError("nccl_tests_interface", f"{spec.interface!r} is not one interface name (MPI needs one)")
+            NcclTestsInputError(
+                "kimi_network_interface", f"{spec.interface!r} is not one interface name (MPI needs one)"
+            )
         )
     return problems
 

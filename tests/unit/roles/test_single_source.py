@@ -321,12 +321,8 @@ NOT_THE_VARIABLE = {
     },
     "tests/local/test_vllm_role.py": {"vllm_version": "a key of the record the vllm role writes on the node"},
     "tests/unit/plugins/module_utils/test_kimi_plan_overhead.py": {"vllm_version": "the kimi_plan option"},
-    # plugins/module_utils/kimi_drift.py still names the checkpoint role's old variables in its 'not set' message
-    # (that file is being split elsewhere): its message and this assertion change to the kimi names together.
-    "tests/unit/plugins/module_utils/test_kimi_drift.py": {
-        "checkpoint_repo_id": "kimi_drift.py's message, to be renamed with it",
-        "checkpoint_revision": "kimi_drift.py's message, to be renamed with it",
-    },
+    "tests/unit/plugins/module_utils/test_kimi_stack.py": {"nccl_env_file": "kimi_stack_facts' option"},
+    "tests/fixtures/stack/facts/regenerate.py": {"nccl_env_file": "kimi_stack_facts' option"},
 }
 # In a role's tasks and handlers a mapping key is a module option or a key of data a task writes (kimi_plan's
 # vllm_version, kimi_node_info's checkpoint_dir, the vllm role's record), never a variable read.

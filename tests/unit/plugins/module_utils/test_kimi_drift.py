@@ -484,7 +484,7 @@ def test_without_a_pinned_checkpoint_the_cluster_gets_one_finding():
         checks={"converge": False, "service": False, "health": False},
     )
     assert report["messages"] == [
-        "cluster: incomplete: checkpoint_repo_id and checkpoint_revision are not set: "
+        "cluster: incomplete: kimi_checkpoint_repo_id and kimi_checkpoint_revision are not set: "
         "the checkpoint markers cannot be compared"
     ]
 
