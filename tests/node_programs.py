@@ -2,7 +2,7 @@
 by tests the way a node runs them.
 
 The watchdog is imported from a directory laid out as roles/vllm_serve/tasks/watchdog.yml lays out
-vllm_serve_watchdog_lib_dir: the script and copies of the two collection module_utils it imports, nothing else,
+vllm_serve_watchdog_lib_dir: the script and copies of the three collection module_utils it imports, nothing else,
 so a test fails if it ever needs more than that directory and the standard library. kimi-haproxy-ctl has no
 `.py` name (it is installed as a command), so it is loaded from its file.
 """
@@ -24,7 +24,7 @@ from tests.paths import REPO_ROOT
 MODULE_UTILS = REPO_ROOT / "plugins" / "module_utils"
 WATCHDOG = REPO_ROOT / "roles" / "vllm_serve" / "files" / "kimi_watchdog.py"
 # What watchdog.yml writes beside the script, from the collection's module_utils.
-WATCHDOG_BESIDE = ("kimi_systemd.py", "kimi_rendezvous.py")
+WATCHDOG_BESIDE = ("kimi_systemd.py", "kimi_rendezvous.py", "kimi_start_phases.py")
 HAPROXY_CTL = REPO_ROOT / "roles" / "router" / "files" / "kimi-haproxy-ctl"
 
 

@@ -58,6 +58,28 @@ def assert_refused(result, *fragments: str) -> str:
     raise AssertionError(f"no failure names {fragments}; failures: {result.failure_messages()}")
 
 
+START_TASK = "Time this start from its journal (every rank, its current invocation)"
+
+
+def assert_each_rank_timed_its_start(result) -> None:
+    """The serve phase read where the start it made spent its time from each rank's journal (docs/self-healing.md,
+    "Where a start spends its time"): both ranks formed the group and loaded, rank 0's API came up and generated."""
+    starts = result.results_of(START_TASK)
+    for node in ("node1", "node2"):
+        milestones = starts[node]["milestones"]
+        reached = [name for name, at in milestones.items() if at is not None]
+        assert {"started", "rendezvous_entered", "group_formed", "weights_loaded", "compiled"} <= set(reached), (
+            node,
+            milestones,
+        )
+        assert starts[node]["workers"] == 1, starts[node]
+        print(f"{node} start: " + ", ".join(f"{p['end']} +{p['seconds']:.1f} s" for p in starts[node]["phases"]))
+    rank0 = starts["node1"]["milestones"]
+    assert rank0["started"] < rank0["group_formed"] < rank0["engine_ready"] < rank0["api_up"] <= rank0["first_token"]
+    assert starts["node1"]["reported"]["init_engine_s"] > 0
+    assert starts["node2"]["milestones"]["api_up"] is None  # a headless rank serves no API
+
+
 def test_site_converges_and_a_second_run_changes_nothing(serving):
     # `serving` ran the first converge of this lab (once for the whole session; tests/lab/conftest.py).
     first = serving.converged
@@ -75,6 +97,7 @@ def test_site_converges_and_a_second_run_changes_nothing(serving):
     skipped = {check["name"]: check["detail"] for check in report["checks"] if check["status"] == "skip"}
     assert skipped["load_test"].startswith("nothing changed since the full verify that passed"), skipped
     assert report["loadtest"] is None
+    assert_each_rank_timed_its_start(first)
     # The stack phase pinned and held the system NCCL and CUDA on every node (the parity phase of both runs
     # passed: it is part of site.yml).
     for node in ("node1", "node2"):

@@ -121,12 +121,13 @@ def test_the_script_on_the_node_is_the_roles_file_beside_the_collections_module_
     root, _ = rendered
     assert sorted(path.name for path in (root / "node2" / LIB_DIR).iterdir()) == [
         "kimi_rendezvous.py",
+        "kimi_start_phases.py",
         "kimi_systemd.py",
         "kimi_watchdog.py",
     ]
     shipped = (root / "node2" / LIB_DIR / "kimi_watchdog.py").read_text()
     assert shipped == (REPO_ROOT / "roles" / "vllm_serve" / "files" / "kimi_watchdog.py").read_text()
-    for name in ("kimi_systemd.py", "kimi_rendezvous.py"):
+    for name in ("kimi_systemd.py", "kimi_rendezvous.py", "kimi_start_phases.py"):
         shipped = (root / "node2" / LIB_DIR / name).read_text()
         assert shipped == (REPO_ROOT / "plugins" / "module_utils" / name).read_text()
 

@@ -10,9 +10,10 @@ rules as a table; `decide` is where they live.
 Layout: the decision (dataclasses in, a Decision out, no I/O), the parsers (vLLM's /metrics, the env file), the
 state file and the textfile metrics, the observers (systemctl, ss, HTTP) and `main`. Standard library only and
 Python >= 3.10: a program of the node, not a module helper. The vllm_serve role (tasks/watchdog.yml) copies this
-file and the two collection module_utils it imports, kimi_systemd.py (`systemctl show`) and kimi_rendezvous.py
-(`ss -Htan`, the reading the serve phase's group decision shares), into one directory on each node and runs it
-with the node's own /usr/bin/python3, which finds them beside it.
+file and the three collection module_utils it imports, kimi_systemd.py (`systemctl show`), kimi_rendezvous.py
+(`ss -Htan`, the reading the serve phase's group decision shares) and kimi_start_phases.py (where a start spent
+its time, from its journal; the serve report's reading too), into one directory on each node and runs it with the
+node's own /usr/bin/python3, which finds them beside it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 # Run as a script: these are the copies of the collection's module_utils the role writes beside this file.
 from kimi_rendezvous import rendezvous_closed, rendezvous_states
+from kimi_start_phases import parse_journal_json, start_phases
 from kimi_systemd import parse_unit, unix_timestamp
 
 RANK0 = "rank0"
@@ -215,6 +217,10 @@ class State:
     consecutive_restarts: int = 0  # restarts with no healthy check between them (the back-off's exponent)
     gave_up: bool = False
     totals: Mapping[str, int] = field(default_factory=dict)  # restarts per reason, ever
+    # This invocation's start, read from its journal at its first healthy check: seconds from the unit's start to
+    # each milestone the log shows (kimi_start_phases; rank 0's first_token is that check's own answer).
+    start_timed: bool = False
+    start: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,14 @@ def carry_over(config: Config, state: State, unit: UnitState) -> State:
     if not unit.invocation_id or unit.invocation_id == state.invocation_id:
         return state
     fresh = replace(
-        state, invocation_id=unit.invocation_id, served=False, failures=0, closed_checks=0, last_tokens=None
+        state,
+        invocation_id=unit.invocation_id,
+        served=False,
+        failures=0,
+        closed_checks=0,
+        last_tokens=None,
+        start_timed=False,
+        start={},
     )
     if state.gave_up:
         fresh = replace(fresh, gave_up=False, restarts=(), last_restart_at=None, consecutive_restarts=0)
@@ -556,6 +569,7 @@ def state_to_json(state: State) -> str:
     data = asdict(state)
     data["restarts"] = list(state.restarts)
     data["totals"] = dict(state.totals)
+    data["start"] = dict(state.start)
     return json.dumps({"version": 1, **data}, indent=2, sort_keys=True) + "\n"
 
 
@@ -573,6 +587,7 @@ def state_from_json(text: str) -> State:
     try:
         values["restarts"] = tuple(float(at) for at in values.get("restarts", ()))
         values["totals"] = {str(k): int(v) for k, v in dict(values.get("totals", {})).items()}
+        values["start"] = {str(k): float(v) for k, v in dict(values.get("start", {})).items()}
         return State(**values)
     except (TypeError, ValueError):
         return State()
@@ -625,6 +640,15 @@ def metrics_text(config: Config, decision: Decision, now: float, marker_present:
             [(_labels(unit=unit, verdict=v), int(v == decision.verdict)) for v in VERDICTS],
         ),
     ]
+    if state.start:
+        families.append(
+            (
+                "kimi_watchdog_start_seconds",
+                "gauge",
+                "Seconds from the start of this node's vLLM unit to each milestone of that start its journal shows.",
+                [(_labels(unit=unit, milestone=name), at) for name, at in state.start.items()],
+            )
+        )
     if marker_present is not None:
         families.append(
             (
@@ -821,9 +845,12 @@ def check(config: Config, system: System, *, dry_run: bool = False) -> Decision:
     """One check: observe, decide, restart when due, keep the state, write the metrics, log one line."""
     now = system.clock()
     state_path = Path(config.state_path)
-    state = _load_state(state_path)
+    kept = _load_state(state_path)
     unit = read_unit(system.run, config.unit)
-    state = carry_over(config, state, unit)
+    # Whether an earlier check saw this very start before it served: only then is this check's first healthy
+    # answer its first token (a watchdog installed after the start, the first deploy's, saw none of it).
+    watched_the_load = bool(unit.invocation_id) and kept.invocation_id == unit.invocation_id and not kept.served
+    state = carry_over(config, kept, unit)
     obs = Observation(
         now=now,
         unit=unit,
@@ -835,6 +862,9 @@ def check(config: Config, system: System, *, dry_run: bool = False) -> Decision:
     decision = decide(config, state, obs)
     if decision.restart and not dry_run:
         decision = _restart(config, state, obs, decision, system)
+    if wants_start_timing(decision, unit) and not dry_run:
+        first_token = now if config.role == RANK0 and watched_the_load else None
+        decision = _time_start(config, unit, decision, first_token, system)
     if not dry_run:
         ensure_directory(state_path.parent, 0o700)
         write_atomically(state_path, state_to_json(decision.state), 0o600)
@@ -844,6 +874,38 @@ def check(config: Config, system: System, *, dry_run: bool = False) -> Decision:
         write_atomically(textfile_dir / METRICS_FILE, metrics_text(config, decision, now, marker))
     _log(config, decision, system, dry_run=dry_run)
     return decision
+
+
+def wants_start_timing(decision: Decision, unit: UnitState) -> bool:
+    """A start is read from its journal once, at the first healthy check of its invocation: by then every milestone
+    up to the first token is in the journal (on rank 0 that check's probe or token counter is the first token, when
+    an earlier check saw the start loading)."""
+    return decision.verdict == "healthy" and not decision.state.start_timed and bool(unit.invocation_id)
+
+
+def _time_start(
+    config: Config, unit: UnitState, decision: Decision, first_token: float | None, system: System
+) -> Decision:
+    argv = ["journalctl", "-u", config.unit, f"_SYSTEMD_INVOCATION_ID={unit.invocation_id}", "-o", "json"]
+    code, out, _ = system.run([*argv, "--no-pager", "--quiet"])
+    offsets = start_offsets(out if code == 0 else "", unit, first_token)
+    if offsets:
+        line = ", ".join(f"{name} {at:.1f} s" for name, at in offsets.items())
+        system.emit(_prefixed(system, INFO, f"{config.unit}: start timed (seconds after its start): {line}"))
+    return replace(decision, state=replace(decision.state, start_timed=True, start=offsets))
+
+
+def start_offsets(journal_json: str, unit: UnitState, first_token_at: float | None) -> dict[str, float]:
+    """Seconds from the unit's start to each milestone of this invocation's start its journal shows (none when the
+    start time is unknown)."""
+    phases = start_phases(
+        parse_journal_json(journal_json), unit.invocation_id, started_at=unit.started_at, first_token_at=first_token_at
+    )
+    started = phases.milestones.started
+    if started is None:
+        return {}
+    found = asdict(phases.milestones)
+    return {name: round(at - started, 3) for name, at in found.items() if at is not None and name != "started"}
 
 
 def _load_state(path: Path) -> State:

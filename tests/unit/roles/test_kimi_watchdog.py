@@ -784,6 +784,7 @@ class FakeNode:
         self.commands: list[list[str]] = []
         self.restart_code = 0
         self.port = "open"  # rank 0's master port, as a TCP connect finds it
+        self.journal = ""  # journalctl -o json of the unit's current invocation
         self.connects: list[str] = []
         self.environ: dict[str, str] = {"JOURNAL_STREAM": "8:1234"}
         self.lines: list[str] = []
@@ -797,6 +798,8 @@ class FakeNode:
             return self.restart_code, "", "" if self.restart_code == 0 else "Access denied"
         if argv[0] == "ss":
             return 0, self.ss, ""
+        if argv[0] == "journalctl":
+            return 0, self.journal, ""
         raise AssertionError(f"unexpected command {argv}")
 
     def request(self, url, body, headers, timeout) -> tuple[Http, str]:
@@ -999,6 +1002,108 @@ def test_main_keeps_its_state_between_runs_and_forgets_it_for_a_new_invocation(t
     state = state_from_json(Path(node.config["state_path"]).read_text())
     assert (state.invocation_id, state.served) == ("inv-2", False)
     assert oct(Path(node.config["state_path"]).stat().st_mode & 0o777) == "0o600"
+
+
+# ------------------------------------------------------------------------------------------ a start, timed
+LAB_JOURNAL = paths.FIXTURES / "journal" / "lab-0.32.0-cpu-rank0.journal.json"
+LAB_INVOCATION = "74020a383d1f40d1a356bdc8a86fedd2"  # the recorded start's InvocationID
+LAB_STARTED = 1796472966  # its ExecMainStartTimestamp (whole seconds, as systemctl show gives it)
+
+
+def lab_rank0(tmp_path: Path) -> FakeNode:
+    """Rank 0 of the recorded lab start (tests/fixtures/journal/), its journal served by a fake journalctl."""
+    node = FakeNode(tmp_path, RANK0_JSON)
+    node.unit = {"ActiveState": "active", "InvocationID": LAB_INVOCATION, "ExecMainStartTimestamp": f"@{LAB_STARTED}"}
+    node.journal = LAB_JOURNAL.read_text()
+    node.now = LAB_STARTED + 60.0
+    return node
+
+
+def start_series(node: FakeNode) -> dict[str, float]:
+    return {
+        dict(labels)["milestone"]: value
+        for (name, labels), value in node.metrics().items()
+        if name == "kimi_watchdog_start_seconds"
+    }
+
+
+def journal_reads(node: FakeNode) -> list[list[str]]:
+    return [argv for argv in node.commands if argv[0] == "journalctl"]
+
+
+def test_a_start_the_watchdog_saw_load_is_timed_once_up_to_its_first_token(tmp_path):
+    node = lab_rank0(tmp_path)
+    node.main()  # loading: the API refuses
+    assert start_series(node) == {} and journal_reads(node) == []
+    node.now = LAB_STARTED + 130.0  # 130 s after the start: rank 0 answers its first token
+    node.answers = {RANK0_JSON["health_url"]: (OK, ""), RANK0_JSON["probe_url"]: (OK, "")}
+    node.main()
+    assert journal_reads(node) == [
+        [
+            "journalctl",
+            "-u",
+            API_UNIT,
+            f"_SYSTEMD_INVOCATION_ID={LAB_INVOCATION}",
+            "-o",
+            "json",
+            "--no-pager",
+            "--quiet",
+        ]
+    ]
+    series = start_series(node)
+    # The recorded start (tests/fixtures/journal/README.md): the group formed 82 s in, the API up 123 s in.
+    assert 81 < series["group_formed"] < 83 and 122 < series["api_up"] < 124
+    assert series["first_token"] == 130.0
+    assert "started" not in series  # the origin of every figure
+    timed = [line for line in node.lines if "start timed" in line]
+    assert len(timed) == 1 and "group_formed 82.3 s" in timed[0] and "first_token 130.0 s" in timed[0]
+    # Later checks keep the figures and never read the journal again.
+    node.main()
+    node.main()
+    assert len(journal_reads(node)) == 1 and start_series(node) == series
+
+
+def test_a_start_older_than_the_watchdog_is_timed_without_a_first_token(tmp_path):
+    # The first deploy: the watchdog is installed after the group served, its first check is already healthy.
+    node = lab_rank0(tmp_path)
+    node.now = LAB_STARTED + 600.0
+    node.answers = {RANK0_JSON["health_url"]: (OK, ""), RANK0_JSON["probe_url"]: (OK, "")}
+    node.main()
+    series = start_series(node)
+    assert "first_token" not in series and 122 < series["api_up"] < 124
+
+
+def test_a_new_invocation_forgets_the_last_starts_figures_until_it_is_timed(tmp_path):
+    node = lab_rank0(tmp_path)
+    node.answers = {RANK0_JSON["health_url"]: (OK, ""), RANK0_JSON["probe_url"]: (OK, "")}
+    node.main()
+    assert start_series(node)
+    node.unit = {**node.unit, "InvocationID": "another", "ExecMainStartTimestamp": f"@{LAB_STARTED + 700}"}
+    node.answers = {}
+    node.main()
+    assert start_series(node) == {}
+    state = state_from_json(Path(node.config["state_path"]).read_text())
+    assert (state.start_timed, dict(state.start)) == (False, {})
+
+
+def test_a_headless_rank_times_its_start_without_a_first_token(tmp_path):
+    node = FakeNode(tmp_path, HEADLESS_JSON)
+    node.unit = {"ActiveState": "active", "InvocationID": "inv-h", "ExecMainStartTimestamp": f"@{LAB_STARTED}"}
+    node.journal = (paths.FIXTURES / "journal" / "lab-0.32.0-cpu-headless.journal.json").read_text()
+    invocation = next(
+        json.loads(line)["_SYSTEMD_INVOCATION_ID"]
+        for line in node.journal.splitlines()
+        if "_SYSTEMD_INVOCATION_ID" in json.loads(line)
+    )
+    node.unit["InvocationID"] = invocation
+    node.now = LAB_STARTED + 60.0
+    node.answers, node.ss = {}, SS_JOINED
+    node.main()
+    node.now = LAB_STARTED + 200.0
+    node.answers = {HEADLESS_JSON["health_url"]: (OK, "")}
+    node.main()
+    series = start_series(node)
+    assert "first_token" not in series and "api_up" not in series and series["weights_loaded"] > 0
 
 
 def test_main_refuses_a_broken_config_naming_it(tmp_path):
