@@ -613,6 +613,7 @@ MONITORING_DURATIONS = (
     "monitoring_alert_drift_max_age",
     "monitoring_alert_node_down_for",
     "monitoring_alert_dcgm_down_for",
+    "monitoring_alert_node_restarts_window",
 )
 
 
@@ -648,6 +649,19 @@ def _monitoring_hosts(values: Mapping[str, Any], phase: str) -> list[Problem]:
     ]
 
 
+def _node_restarts(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    """The fault ledger's threshold: a whole number of restarts, at least 1 (0 would fire on every node, always)."""
+    name = "monitoring_alert_node_restarts"
+    if name not in values:
+        return []
+    count = as_int(values[name])
+    if count is None or count < 1:
+        return [
+            Problem(name, phase, f"is not a whole number of restarts of at least 1 (got {values[name]!r})", "e.g. 3")
+        ]
+    return []
+
+
 def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The monitoring hosts, durations, the webhook URL (the ports are judged with every port)."""
     phase = "monitoring"
@@ -657,6 +671,7 @@ def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
         return problems
     problems += _monitoring_hosts(values, phase)
     problems += _durations(values, MONITORING_DURATIONS, phase)
+    problems += _node_restarts(values, phase)
     webhook = str(values.get("monitoring_webhook_url") or "")
     if webhook and urlsplit(webhook).scheme not in ("http", "https"):
         problems.append(

@@ -284,6 +284,8 @@ def monitoring(**changes):
 def test_good_monitoring_inputs_pass():
     assert monitoring() == []
     assert monitoring(kimi_monitoring_group=["gn-h100-node2"], monitoring_retention="30d") == []
+    # -e gives strings: "5" is five restarts.
+    assert monitoring(monitoring_alert_node_restarts="5", monitoring_alert_node_restarts_window="1d") == []
 
 
 @pytest.mark.parametrize(
@@ -301,6 +303,14 @@ def test_good_monitoring_inputs_pass():
         ({"kimi_monitoring_enabled": "maybe"}, "kimi_monitoring_enabled", "is not a boolean"),
         ({"monitoring_dcgm_exporter_enabled": "gpu"}, "monitoring_dcgm_exporter_enabled", "is not a boolean"),
         ({"monitoring_alert_dcgm_down_for": "5 min"}, "monitoring_alert_dcgm_down_for", "is not a Prometheus duration"),
+        (
+            {"monitoring_alert_node_restarts_window": "6 h"},
+            "monitoring_alert_node_restarts_window",
+            "is not a Prometheus",
+        ),
+        ({"monitoring_alert_node_restarts": "0"}, "monitoring_alert_node_restarts", "of at least 1 (got '0')"),
+        ({"monitoring_alert_node_restarts": "2.5"}, "monitoring_alert_node_restarts", "is not a whole number"),
+        ({"monitoring_alert_node_restarts": "many"}, "monitoring_alert_node_restarts", "is not a whole number"),
     ],
 )
 def test_bad_monitoring_inputs_are_refused_with_the_variable_named(changes, variable, words):
