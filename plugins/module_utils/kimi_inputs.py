@@ -256,26 +256,28 @@ RETIRED_VARIABLES = {
 # Retired copies of a value the kimi role derives (roles/kimi/vars/main.yml) rather than takes from the inventory:
 # old name -> (the derived kimi name every role reads, what the user sets instead). No inventory sets the derived
 # name itself, so the fix names what it comes from.
+_SET_HOST_IP = "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)"
+_UNITS_ARE_FIXED = "remove it: the unit names are fixed (plugins/module_utils/kimi_serve.py renders the argv per unit)"
 RETIRED_DERIVED_VARIABLES = {
     "nccl_tests_host_address": (
         "kimi_announced_ip",
-        "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)",
+        _SET_HOST_IP,
     ),
     "ray_cluster_node_ip": (
         "kimi_announced_ip",
-        "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)",
+        _SET_HOST_IP,
     ),
     "vllm_serve_host_ip": (
         "kimi_announced_ip",
-        "set kimi_host_ip instead (else the IPv4 of kimi_network_interface is announced)",
+        _SET_HOST_IP,
     ),
     "verify_api_unit": (
         "kimi_vllm_api_unit",
-        "remove it: the unit names are fixed (plugins/module_utils/kimi_serve.py renders the argv per unit)",
+        _UNITS_ARE_FIXED,
     ),
     "verify_headless_unit": (
         "kimi_vllm_headless_unit",
-        "remove it: the unit names are fixed (plugins/module_utils/kimi_serve.py renders the argv per unit)",
+        _UNITS_ARE_FIXED,
     ),
     "offline_mirror_bind_address": (
         "kimi_announced_ip",
