@@ -2,9 +2,9 @@
 by tests the way a node runs them.
 
 The watchdog is imported from a directory laid out as roles/vllm_serve/tasks/watchdog.yml lays out
-vllm_serve_watchdog_lib_dir: the script and copies of the three collection module_utils it imports, nothing else,
-so a test fails if it ever needs more than that directory and the standard library. kimi-haproxy-ctl has no
-`.py` name (it is installed as a command), so it is loaded from its file.
+vllm_serve_watchdog_lib_dir: the script, kimi_evidence.py and copies of the three collection module_utils it
+imports, nothing else, so a test fails if it ever needs more than that directory and the standard library.
+kimi-haproxy-ctl has no `.py` name (it is installed as a command), so it is loaded from its file.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ MODULE_UTILS = REPO_ROOT / "plugins" / "module_utils"
 WATCHDOG = REPO_ROOT / "roles" / "vllm_serve" / "files" / "kimi_watchdog.py"
 # What watchdog.yml writes beside the script, from the collection's module_utils.
 WATCHDOG_BESIDE = ("kimi_systemd.py", "kimi_rendezvous.py", "kimi_start_phases.py")
+# What it writes beside the script from the role's own files.
+WATCHDOG_FILES_BESIDE = ("kimi_evidence.py",)
 HAPROXY_CTL = REPO_ROOT / "roles" / "router" / "files" / "kimi-haproxy-ctl"
 
 
@@ -37,6 +39,8 @@ def watchdog() -> ModuleType:
     shutil.copy(WATCHDOG, directory)
     for name in WATCHDOG_BESIDE:
         shutil.copy(MODULE_UTILS / name, directory)
+    for name in WATCHDOG_FILES_BESIDE:
+        shutil.copy(WATCHDOG.parent / name, directory)
     sys.path.insert(0, str(directory))
     try:
         return importlib.import_module("kimi_watchdog")

@@ -352,6 +352,8 @@ def common_problems(values: Mapping[str, Any]) -> list[Problem]:
         problems.append(Problem("kimi_gpu", "every", error.message, "bin/kimi-plan --help lists the presets"))
     for name in ("kimi_data_dir", "kimi_checkpoint_dir"):
         problems += _absolute_path(values, name, "every")
+    if "kimi_evidence_dir" in values:
+        problems += _absolute_path(values, "kimi_evidence_dir", "every")
     problems += port_problems(values)
     problems += retired_problems(values)
     problems += _bools(values, ("kimi_enable_expert_parallel",), "every")
@@ -585,6 +587,25 @@ def checkpoint_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+# The watchdog's evidence before a restart (roles/vllm_serve/files/kimi_evidence.py): the heal waits for it, so its
+# time is bounded by the issue's 20 s, and its size by a count and a total.
+EVIDENCE_RANGES = {
+    "vllm_serve_evidence_timeout_s": (1, 20, "seconds from 1 to 20 (the restart waits for its evidence this long)"),
+    "vllm_serve_evidence_keep": (1, 1000, "incidents from 1 to 1000 kept per node"),
+    "vllm_serve_evidence_max_mb": (1, 1048576, "MiB from 1 to 1048576 for all incidents of a node"),
+    "vllm_serve_evidence_journal_lines": (10, 100000, "journal lines from 10 to 100000 per unit"),
+}
+
+
+def _evidence_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    problems = _bools(values, ("vllm_serve_evidence",), phase)
+    for name, (low, high, what) in EVIDENCE_RANGES.items():
+        number = as_int(values[name]) if name in values else low
+        if number is None or not low <= number <= high:
+            problems.append(Problem(name, phase, f"is {values[name]!r}: {what}", "roles/vllm_serve/README.md"))
+    return problems
+
+
 def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The serve layout name and the booleans of the serving role (its ports are judged with every port)."""
     phase, problems = "serve", []
@@ -597,6 +618,7 @@ def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     name = "kimi_kv_cache_memory_from_plan"
     if name in values and str(values[name]).strip().lower() != "auto" and as_bool(values[name]) is None:
         problems.append(Problem(name, phase, f"is not auto, true or false (got {values[name]!r})", "pick one"))
+    problems += _evidence_problems(values, phase)
     return problems
 
 

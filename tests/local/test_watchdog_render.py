@@ -120,13 +120,15 @@ def test_the_timer_checks_every_interval_without_overlap(rendered):
 def test_the_script_on_the_node_is_the_roles_file_beside_the_collections_module_utils(rendered):
     root, _ = rendered
     assert sorted(path.name for path in (root / "node2" / LIB_DIR).iterdir()) == [
+        "kimi_evidence.py",
         "kimi_rendezvous.py",
         "kimi_start_phases.py",
         "kimi_systemd.py",
         "kimi_watchdog.py",
     ]
-    shipped = (root / "node2" / LIB_DIR / "kimi_watchdog.py").read_text()
-    assert shipped == (REPO_ROOT / "roles" / "vllm_serve" / "files" / "kimi_watchdog.py").read_text()
+    for name in ("kimi_watchdog.py", "kimi_evidence.py"):
+        shipped = (root / "node2" / LIB_DIR / name).read_text()
+        assert shipped == (REPO_ROOT / "roles" / "vllm_serve" / "files" / name).read_text()
     for name in ("kimi_systemd.py", "kimi_rendezvous.py", "kimi_start_phases.py"):
         shipped = (root / "node2" / LIB_DIR / name).read_text()
         assert shipped == (REPO_ROOT / "plugins" / "module_utils" / name).read_text()
@@ -159,6 +161,47 @@ def test_the_copied_script_runs_under_the_nodes_python_alone(rendered, tmp_path)
         "(dry run) kimi-vllm-headless.service: stopped: kimi-vllm-headless.service is inactive: "
         "stopped by an operator, left stopped"
     )
+
+
+@pytest.mark.skipif(not NODE_PYTHON.exists(), reason="no /usr/bin/python3 (the node's interpreter)")
+def test_the_copied_script_takes_evidence_by_hand_under_the_nodes_python(rendered, tmp_path):
+    """--evidence end to end with the node's interpreter and real commands run in parallel against the deadline (fake
+    systemctl, journalctl and ss answer; the unit's cgroup is not on this host, so there are no stacks: the lab's
+    heal test reads real ones)."""
+    root, _ = rendered
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    scripts = {
+        "systemctl": 'case "$*" in *ControlGroup*) echo /system.slice/none.service;; '
+        "*) printf 'ActiveState=active\\nInvocationID=abc\\nExecMainStartTimestamp=\\n';; esac",
+        "journalctl": 'echo "journal of $*"',
+        "ss": "echo 'ESTAB 0 0 198.18.0.12:1 198.18.0.11:29501'",
+    }
+    for name, body in scripts.items():
+        (fake_bin / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake_bin / name).chmod(0o755)
+    config = json.loads((root / "node2/etc/kimi/watchdog.json").read_text())
+    config.update(evidence_dir=str(tmp_path / "evidence"), evidence_timeout_s=5)
+    (tmp_path / "watchdog.json").write_text(json.dumps(config))
+    script = root / "node2" / LIB_DIR / "kimi_watchdog.py"
+    done = subprocess.run(
+        [str(NODE_PYTHON), "-B", "-E", "-s", str(script), "--config", str(tmp_path / "watchdog.json"), "--evidence"],
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    [incident] = (tmp_path / "evidence").iterdir()
+    assert done.stdout.splitlines()[0].startswith(f"{incident} (")
+    assert incident.name.endswith("-manual")
+    journal = (incident / "journal-kimi-vllm-headless.service.txt").read_text()
+    assert journal == "journal of -u kimi-vllm-headless.service -n 300 --no-pager -o short-iso-precise\n"
+    summary = json.loads((incident / "incident.json").read_text())
+    assert summary["unit"] == "kimi-vllm-headless.service" and summary["invocation_id"] == "abc"
+    # No such cgroup nor py-spy on this host: no processes and no stacks, both said.
+    assert summary["problems"][0].startswith("cannot read ") and "py-spy is missing" in summary["problems"][1]
 
 
 def test_every_watchdog_unit_passes_systemd_analyze_verify(rendered, tmp_path):

@@ -10,10 +10,11 @@ rules as a table; `decide` is where they live.
 Layout: the decision (dataclasses in, a Decision out, no I/O), the parsers (vLLM's /metrics, the env file), the
 state file and the textfile metrics, the observers (systemctl, ss, HTTP) and `main`. Standard library only and
 Python >= 3.10: a program of the node, not a module helper. The vllm_serve role (tasks/watchdog.yml) copies this
-file and the three collection module_utils it imports, kimi_systemd.py (`systemctl show`), kimi_rendezvous.py
-(`ss -Htan`, the reading the serve phase's group decision shares) and kimi_start_phases.py (where a start spent
-its time, from its journal; the serve report's reading too), into one directory on each node and runs it with the
-node's own /usr/bin/python3, which finds them beside it.
+file, kimi_evidence.py (what a restart is about to destroy, captured before it) and the three collection
+module_utils it imports, kimi_systemd.py (`systemctl show`), kimi_rendezvous.py (`ss -Htan`, the reading the serve
+phase's group decision shares) and kimi_start_phases.py (where a start spent its time, from its journal; the serve
+report's reading too), into one directory on each node and runs it with the node's own /usr/bin/python3, which
+finds them beside it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-# Run as a script: these are the copies of the collection's module_utils the role writes beside this file.
+# Run as a script: these are the copies the role writes beside this file (kimi_evidence.py is the role's own).
+from kimi_evidence import MAX_TIMEOUT_S as EVIDENCE_MAX_TIMEOUT_S
+from kimi_evidence import Request as EvidenceRequest
+from kimi_evidence import Result as EvidenceResult
+from kimi_evidence import capture as capture_evidence
 from kimi_rendezvous import rendezvous_closed, rendezvous_states
 from kimi_start_phases import parse_journal_json, start_phases
 from kimi_systemd import parse_unit, unix_timestamp
@@ -122,6 +127,16 @@ class Config:
     hold_max_age_s: int = 2100
     marker_path: str = ""
     state_path: str = "/var/lib/kimi-watchdog/state.json"
+    # Rank 0: where each check keeps the last /metrics it read (tmpfs), for the evidence of a restart.
+    metrics_cache_path: str = ""
+    # Evidence before every restart (kimi_evidence.py, docs/self-healing.md#evidence); "" takes none.
+    evidence_dir: str = ""
+    evidence_units: tuple[str, ...] = ()  # the group's units on this node whose journal tails are kept
+    evidence_journal_lines: int = 300
+    evidence_timeout_s: int = EVIDENCE_MAX_TIMEOUT_S
+    evidence_keep: int = 20
+    evidence_max_mb: int = 512
+    evidence_py_spy: str = ""  # py-spy in the service's venv
 
 
 def config_from_mapping(data: Mapping[str, Any]) -> Config:
@@ -135,15 +150,19 @@ def config_from_mapping(data: Mapping[str, Any]) -> Config:
         raise ConfigError(f"{', '.join(missing)}: required")
     for name, value in data.items():
         _check_type(name, value, known[name].default)
-    config = Config(**data)
+    config = Config(**{name: tuple(value) if isinstance(value, list) else value for name, value in data.items()})
     if config.role not in ROLES:
         raise ConfigError(f"role: {config.role!r} is not one of {', '.join(ROLES)}")
     if config.role == RANK0 and not config.health_url:
         # Without /health rank 0 could never be seen serving, and would be restarted as never served.
         raise ConfigError("health_url: required for rank0")
-    for name in ("load_timeout_s", "stall_checks", "lost_checks", "max_restarts", "restart_window_s"):
+    counts = ("load_timeout_s", "stall_checks", "lost_checks", "max_restarts", "restart_window_s")
+    for name in (*counts, "evidence_journal_lines", "evidence_timeout_s", "evidence_keep", "evidence_max_mb"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name}: must be at least 1")
+    if config.evidence_timeout_s > EVIDENCE_MAX_TIMEOUT_S:
+        # The heal waits for its evidence: the bound is what keeps a capture from delaying it.
+        raise ConfigError(f"evidence_timeout_s: at most {EVIDENCE_MAX_TIMEOUT_S}, not {config.evidence_timeout_s}")
     return config
 
 
@@ -152,6 +171,8 @@ def _check_type(name: str, value: Any, default: Any) -> None:
     int (not a bool), a float field an int or a float."""
     if isinstance(default, str) or default is MISSING:
         ok = isinstance(value, str)
+    elif isinstance(default, tuple):
+        ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
     elif isinstance(default, float):
         ok = isinstance(value, int | float) and not isinstance(value, bool)
     else:
@@ -221,6 +242,10 @@ class State:
     # each milestone the log shows (kimi_start_phases; rank 0's first_token is that check's own answer).
     start_timed: bool = False
     start: Mapping[str, float] = field(default_factory=dict)
+    # The last restart's evidence (kimi_evidence.py): its directory, when and for which reason.
+    evidence: str = ""
+    evidence_at: float | None = None
+    evidence_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -230,6 +255,7 @@ class Decision:
     state: State
     reason: str = ""  # the restart reason, also when the bounds refused the restart
     restart: bool = False
+    evidence: str = ""  # the restart's log words on its evidence: where it is, or why there is none
 
 
 @dataclass(frozen=True)
@@ -649,6 +675,15 @@ def metrics_text(config: Config, decision: Decision, now: float, marker_present:
                 [(_labels(unit=unit, milestone=name), at) for name, at in state.start.items()],
             )
         )
+    if state.evidence:
+        families.append(
+            (
+                "kimi_watchdog_last_evidence_timestamp_seconds",
+                "gauge",
+                "When the watchdog last took evidence before a restart; the label path is where it is on this node.",
+                [(_labels(unit=unit, reason=state.evidence_reason, path=state.evidence), state.evidence_at or 0)],
+            )
+        )
     if marker_present is not None:
         families.append(
             (
@@ -804,6 +839,7 @@ class System:
     clock: Callable[[], float] = time.time
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     emit: Callable[[str], None] = print
+    evidence: Callable[[EvidenceRequest], EvidenceResult] = capture_evidence
 
 
 def observe(config: Config, state: State, obs: Observation, system: System) -> Observation:
@@ -824,8 +860,20 @@ def observe(config: Config, state: State, obs: Observation, system: System) -> O
     if config.metrics_url:
         answer, text = system.request(config.metrics_url, None, {}, config.http_timeout_s)
         tokens = processed_tokens(text) if answer.ok else None
+        if answer.ok and config.metrics_cache_path:
+            _keep_metrics(Path(config.metrics_cache_path), text)
     probe = _probe(config, system) if wants_probe(config, state, health, tokens) else None
     return replace(obs, health=health, tokens=tokens, probe=probe)
+
+
+def _keep_metrics(path: Path, text: str) -> None:
+    """The last /metrics read, for a restart's evidence: a hung rank 0 no longer answers one. Best effort: a
+    check never fails for it."""
+    try:
+        ensure_directory(path.parent, 0o750)
+        write_atomically(path, text, 0o640)
+    except OSError:
+        pass
 
 
 def _probe(config: Config, system: System) -> Http:
@@ -922,12 +970,48 @@ def _restart(config: Config, state: State, obs: Observation, decision: Decision,
     put its hold in place while rank 0 was probed: looked at once more, right before acting."""
     if hold_active(config.hold_file, system.clock(), config.hold_max_age_s):
         return decide(config, state, replace(obs, held=True))
+    decision = _take_evidence(config, obs, decision, system)
     code, out, err = system.run(["systemctl", "restart", "--no-block", config.unit])
     if code != 0:
         system.emit(
             _prefixed(system, ERROR, f"{config.unit}: systemctl restart failed ({code}): {(err or out).strip()}")
         )
     return decision
+
+
+def evidence_request(config: Config, reason: str, why: str, invocation_id: str = "") -> EvidenceRequest:
+    return EvidenceRequest(
+        directory=config.evidence_dir,
+        unit=config.unit,
+        reason=reason,
+        why=why,
+        units=config.evidence_units or (config.unit,),
+        journal_lines=config.evidence_journal_lines,
+        metrics_url=config.metrics_url,
+        metrics_cache=config.metrics_cache_path,
+        py_spy=config.evidence_py_spy,
+        timeout_s=config.evidence_timeout_s,
+        keep=config.evidence_keep,
+        max_bytes=config.evidence_max_mb * 1024 * 1024,
+        invocation_id=invocation_id,
+    )
+
+
+def _take_evidence(config: Config, obs: Observation, decision: Decision, system: System) -> Decision:
+    """What the restart is about to destroy, within evidence_timeout_s. A capture that fails is said in the restart's
+    line and never stops the restart."""
+    if not config.evidence_dir:
+        return decision
+    request = evidence_request(config, decision.reason, decision.why, obs.unit.invocation_id)
+    try:
+        result = system.evidence(request)
+    except Exception as error:  # the heal goes on whatever the capture hit
+        return replace(decision, evidence=f"no evidence ({type(error).__name__}: {error})")
+    if not result.path:
+        return replace(decision, evidence=f"no evidence ({'; '.join(result.problems)})")
+    missing = f", without {len(result.problems)} part(s): see its incident.json" if result.problems else ""
+    state = replace(decision.state, evidence=result.path, evidence_at=obs.now, evidence_reason=decision.reason)
+    return replace(decision, state=state, evidence=f"evidence in {result.path} ({result.seconds:.1f} s{missing})")
 
 
 def _prefixed(system: System, priority: int, line: str) -> str:
@@ -939,6 +1023,8 @@ def _log(config: Config, decision: Decision, system: System, *, dry_run: bool) -
     prefix = "(dry run) " if dry_run else ""
     if decision.restart:
         line = f"{prefix}{config.unit}: restarting ({decision.reason}): {decision.why}"
+        if decision.evidence:
+            line += f"; {decision.evidence}"
         system.emit(_prefixed(system, WARNING, line))
         return
     reason = f" ({decision.reason})" if decision.reason else ""
@@ -957,6 +1043,11 @@ def main(argv: Sequence[str] | None = None, system: System | None = None) -> int
     parser = argparse.ArgumentParser(description="Judge this node's vLLM unit once; restart it when its group is gone.")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"the JSON config (default {DEFAULT_CONFIG})")
     parser.add_argument("--dry-run", action="store_true", help="say what would be done; restart and write nothing")
+    parser.add_argument(
+        "--evidence",
+        action="store_true",
+        help="take the evidence a restart would take (reason `manual`) into evidence_dir, print where; restart nothing",
+    )
     args = parser.parse_args(argv)
     system = system or System()
     try:
@@ -964,7 +1055,25 @@ def main(argv: Sequence[str] | None = None, system: System | None = None) -> int
     except (OSError, ValueError) as error:
         system.emit(_prefixed(system, ERROR, f"kimi-watchdog: cannot use {args.config}: {error}"))
         return 2
+    if args.evidence:
+        return _evidence_by_hand(config, system)
     check(config, system, dry_run=args.dry_run)
+    return 0
+
+
+def _evidence_by_hand(config: Config, system: System) -> int:
+    """An operator's capture of a rank that looks wrong, before deciding what to do with it."""
+    if not config.evidence_dir:
+        system.emit("kimi-watchdog: evidence_dir is empty in the config: no evidence is taken on this node")
+        return 2
+    unit = read_unit(system.run, config.unit)
+    result = system.evidence(evidence_request(config, "manual", "taken by hand (--evidence)", unit.invocation_id))
+    if not result.path:
+        system.emit(f"kimi-watchdog: no evidence: {'; '.join(result.problems)}")
+        return 1
+    system.emit(f"{result.path} ({result.seconds:.1f} s)")
+    for problem in result.problems:
+        system.emit(f"  missing: {problem}")
     return 0
 
 

@@ -24,6 +24,7 @@ from tests.node_programs import watchdog
 
 # roles/vllm_serve/files/kimi_watchdog.py, imported as `kimi_watchdog` from a directory laid out as on a node.
 watchdog()
+from kimi_evidence import Result as EvidenceResult  # noqa: E402
 from kimi_watchdog import (  # noqa: E402
     HEADLESS,
     RANK0,
@@ -788,6 +789,10 @@ class FakeNode:
         self.connects: list[str] = []
         self.environ: dict[str, str] = {"JOURNAL_STREAM": "8:1234"}
         self.lines: list[str] = []
+        # What the evidence capture was asked, with the restarts made before it; what it answers (an exception
+        # is raised).
+        self.evidence_requests: list[tuple[object, int]] = []
+        self.evidence_answer: object = None
 
     def run(self, argv) -> tuple[int, str, str]:
         argv = list(argv)
@@ -820,7 +825,14 @@ class FakeNode:
             clock=lambda: self.now,
             environ=self.environ,
             emit=self.lines.append,
+            evidence=self.evidence,
         )
+
+    def evidence(self, request):
+        self.evidence_requests.append((request, len(self.restarts)))
+        if isinstance(self.evidence_answer, Exception):
+            raise self.evidence_answer
+        return self.evidence_answer or EvidenceResult(str(self.tmp / "evidence" / "20271115T080000Z-x"), 2.25)
 
     def main(self, *args: str) -> int:
         code = main(["--config", str(self.config_path), *args], self.system())
@@ -1295,3 +1307,136 @@ def test_a_connect_timeout_and_a_slow_answer_are_told_apart():
     # Nothing listens there any more: refused, not a timeout.
     answer, _ = http_request(f"http://127.0.0.1:{port}/health", None, {}, 0.3)
     assert answer.error == "refused"
+
+
+# ------------------------------------------------------------------------------------------ evidence before a restart
+
+
+def stalled_rank0(tmp_path: Path, **config) -> FakeNode:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    node = FakeNode(tmp_path, {**RANK0_JSON, "evidence_dir": str(tmp_path / "evidence"), **config})
+    node.answers = {
+        RANK0_JSON["health_url"]: (OK, ""),
+        RANK0_JSON["metrics_url"]: (OK, metrics_page(100)),
+        RANK0_JSON["probe_url"]: (TIMEOUT, ""),
+    }
+    return node
+
+
+def test_a_restart_takes_its_evidence_first_and_names_it_in_the_line_and_the_metrics(tmp_path):
+    node = stalled_rank0(
+        tmp_path,
+        evidence_units=[API_UNIT, "kimi-vllm-watchdog.service"],
+        evidence_py_spy="/opt/vllm/current/bin/py-spy",
+        evidence_timeout_s=7,
+        evidence_keep=3,
+        evidence_max_mb=10,
+        metrics_cache_path=str(tmp_path / "run" / "metrics.txt"),
+    )
+    for _ in range(3):
+        node.main()
+    assert len(node.restarts) == 1
+    [(request, restarts_before)] = node.evidence_requests
+    assert restarts_before == 0  # taken before the restart, not after
+    assert request.directory == str(tmp_path / "evidence") and request.reason == "rank0_stalled"
+    assert request.units == (API_UNIT, "kimi-vllm-watchdog.service") and request.invocation_id == "inv-1"
+    assert request.timeout_s == 7 and request.keep == 3 and request.max_bytes == 10 * 1024 * 1024
+    assert request.metrics_url == RANK0_JSON["metrics_url"] and request.py_spy == "/opt/vllm/current/bin/py-spy"
+    path = str(tmp_path / "evidence" / "20271115T080000Z-x")
+    assert node.lines[-1].startswith("<4>kimi-vllm.service: restarting (rank0_stalled): ")
+    assert node.lines[-1].endswith(f"; evidence in {path} (2.2 s)")
+    # Every check's /metrics is kept for the next restart's evidence (a hung rank 0 no longer answers one).
+    assert (tmp_path / "run" / "metrics.txt").read_text() == metrics_page(100)
+    node.unit["ActiveState"] = "deactivating"
+    node.main()  # the metric stays after the restart's check
+    [(labels, at)] = [
+        (dict(labels), v)
+        for (name, labels), v in node.metrics().items()
+        if name.endswith("last_evidence_timestamp_seconds")
+    ]
+    assert labels == {"unit": API_UNIT, "reason": "rank0_stalled", "path": path} and at == T0 + 2 * INTERVAL
+
+
+def test_a_capture_that_fails_or_finds_nothing_never_stops_the_restart(tmp_path):
+    node = stalled_rank0(tmp_path)
+    node.evidence_answer = PermissionError("read-only file system")
+    for _ in range(3):
+        node.main()
+    assert len(node.restarts) == 1
+    assert node.lines[-1].endswith("; no evidence (PermissionError: read-only file system)")
+    assert not [n for n, _ in node.metrics() if n.endswith("last_evidence_timestamp_seconds")]
+
+    other = stalled_rank0(tmp_path / "other")
+    other.evidence_answer = EvidenceResult("", 0.1, ("cannot write /var/lib/kimi/evidence: disk full",))
+    for _ in range(3):
+        other.main()
+    assert len(other.restarts) == 1
+    assert other.lines[-1].endswith("; no evidence (cannot write /var/lib/kimi/evidence: disk full)")
+
+
+def test_a_partial_capture_is_named_with_what_it_lacks(tmp_path):
+    node = stalled_rank0(tmp_path)
+    node.evidence_answer = EvidenceResult(str(tmp_path / "e" / "i"), 20.01, ("stacks-7.txt: killed after 20.0 s",))
+    for _ in range(3):
+        node.main()
+    assert node.lines[-1].endswith(
+        f"; evidence in {tmp_path / 'e' / 'i'} (20.0 s, without 1 part(s): see its incident.json)"
+    )
+
+
+def test_no_evidence_without_a_directory_nor_on_a_dry_run(tmp_path):
+    node = FakeNode(tmp_path, RANK0_JSON)
+    node.answers = stalled_rank0(tmp_path / "x").answers
+    for _ in range(3):
+        node.main()
+    assert len(node.restarts) == 1 and node.evidence_requests == []
+    assert "evidence" not in node.lines[-1]
+
+    dry = stalled_rank0(tmp_path / "dry")
+    for _ in range(3):
+        dry.main("--dry-run")
+    assert dry.evidence_requests == [] and dry.restarts == []
+
+
+def test_a_held_group_takes_no_evidence(tmp_path):
+    node = stalled_rank0(tmp_path)
+    hold = Path(node.config["hold_file"])
+
+    def the_play_holds_the_group() -> None:  # between the probe and the restart
+        hold.parent.mkdir(parents=True, exist_ok=True)
+        hold.touch()
+        os.utime(hold, (node.now, node.now))
+
+    for _ in range(2):
+        node.main()
+    node.on_request[RANK0_JSON["probe_url"]] = the_play_holds_the_group
+    node.main()
+    assert node.restarts == [] and node.evidence_requests == []
+    assert " held: " in node.lines[-1]
+
+
+def test_evidence_by_hand_restarts_nothing_and_prints_where(tmp_path):
+    node = stalled_rank0(tmp_path)
+    assert node.main("--evidence") == 0
+    [(request, _)] = node.evidence_requests
+    assert request.reason == "manual" and request.invocation_id == "inv-1"
+    assert node.restarts == [] and node.lines == [f"{tmp_path / 'evidence' / '20271115T080000Z-x'} (2.2 s)"]
+    (tmp_path / "bare").mkdir()
+    bare = FakeNode(tmp_path / "bare", RANK0_JSON)
+    assert bare.main("--evidence") == 2 and bare.evidence_requests == []
+    assert "evidence_dir is empty" in bare.lines[0]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("evidence_timeout_s", 21, "evidence_timeout_s: at most 20, not 21"),
+        ("evidence_timeout_s", 0, "evidence_timeout_s: must be at least 1"),
+        ("evidence_keep", 0, "evidence_keep: must be at least 1"),
+        ("evidence_units", "kimi-vllm.service", "evidence_units: 'kimi-vllm.service' has the wrong type"),
+        ("evidence_units", [1], "evidence_units: [1] has the wrong type"),
+    ],
+)
+def test_the_evidence_keys_are_checked_by_name(key, value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_mapping({**RANK0_JSON, key: value})

@@ -337,6 +337,38 @@ def test_the_monitoring_durations_are_the_role_defaults_and_handed_over():
     assert set(ki.MONITORING_DURATIONS) <= set(handed_over)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("vllm_serve_evidence_timeout_s", "30", "is '30': seconds from 1 to 20"),
+        ("vllm_serve_evidence_timeout_s", 0, "is 0: seconds from 1 to 20"),
+        ("vllm_serve_evidence_keep", "many", "is 'many': incidents from 1 to 1000"),
+        ("vllm_serve_evidence_max_mb", -5, "is -5: MiB from 1"),
+        ("vllm_serve_evidence_journal_lines", "5", "is '5': journal lines from 10"),
+        ("vllm_serve_evidence", "sometimes", "is not a boolean (got 'sometimes')"),
+        ("kimi_evidence_dir", "var/lib/evidence", "must be an absolute path"),
+    ],
+)
+def test_the_evidence_bounds_are_refused_out_of_range_naming_the_variable(variable, value, words):
+    problem = only(problems(**{variable: value}), variable)
+    assert words in problem["message"], problem["text"]
+
+
+def test_the_evidence_bounds_as_e_strings_pass_and_are_handed_over():
+    as_typed = {
+        "vllm_serve_evidence": "false",
+        "vllm_serve_evidence_timeout_s": "20",
+        "vllm_serve_evidence_keep": "1",
+        "vllm_serve_evidence_max_mb": "64",
+        "vllm_serve_evidence_journal_lines": "10",
+    }
+    assert problems(**as_typed) == []
+    handed_over = yaml.safe_load((paths.REPO_ROOT / "roles/kimi/vars/main.yml").read_text())["kimi_input_variables"]
+    assert {*ki.EVIDENCE_RANGES, "vllm_serve_evidence"} <= set(handed_over)
+    defaults = yaml.safe_load((paths.REPO_ROOT / "roles/vllm_serve/defaults/main.yml").read_text())
+    assert problems(**{name: defaults[name] for name in as_typed}) == []
+
+
 def router_values(**changes):
     router = {"host": "edge1", "serving_node": False, "router_tls_certificate": True, "router_tls_key": True}
     values = {
