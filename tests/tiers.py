@@ -116,12 +116,17 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         name="lab-heal",
-        what="power cuts of either rank heal by themselves and the alerts fire and resolve; a paused watchdog",
+        what=(
+            "power cuts of either rank heal by themselves and the alerts fire and resolve; a paused watchdog; a hung "
+            "rank's evidence, collected by playbooks/evidence.yml"
+        ),
         kind="lab",
         paths=(
             *LAB_BASE,
             *SERVING,
             "roles/monitoring/",
+            "roles/evidence/",
+            "playbooks/evidence.yml",
             "plugins/module_utils/kimi_rendezvous.py",
             "plugins/module_utils/kimi_metrics.py",
             "tests/lab/test_site_then_heal.py",

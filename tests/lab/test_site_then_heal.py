@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.tier2("lab-heal")]
 
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 DRIFT = REPO_ROOT / "playbooks" / "drift.yml"
+EVIDENCE = REPO_ROOT / "playbooks" / "evidence.yml"
+EVIDENCE_DIR = "/var/lib/kimi/evidence"
 DASHBOARD = REPO_ROOT / "roles" / "monitoring" / "files" / "grafana" / "kimi-vllm.json"
 PROMETHEUS = f"http://{RANK0_ADDRESS}:9090"
 BRIDGE_ADDRESS = "198.18.0.1"
@@ -81,6 +83,14 @@ class AlertReceiver:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+    def alerts(self, alertname: str, status: str) -> list[dict]:
+        return [
+            alert
+            for _, payload in self.received
+            for alert in payload.get("alerts", [])
+            if alert["labels"].get("alertname") == alertname and alert["status"] == status
+        ]
 
     def arrived(self, alertname: str, status: str, since: float) -> float | None:
         for at, payload in self.received:
@@ -225,8 +235,15 @@ def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_an
     loaded = serving.ssh("node2", "systemctl show -p ActiveEnterTimestampMonotonic --value nftables.service")
     started = serving.ssh("node2", f"systemctl show -p ExecMainStartTimestampMonotonic --value {UNITS['node2']}")
     assert 0 < int(loaded.stdout) <= int(started.stdout), (loaded.stdout, started.stdout)
-    # Rank 0 answered /health but generated nothing: its watchdog restarted it, naming why.
-    assert restarts_logged(serving, "node1", "rank0_stalled"), watchdog_journal(serving, "node1")
+    # Rank 0 answered /health but generated nothing: its watchdog restarted it, naming why, after taking the
+    # evidence its line and the alert name.
+    [restart] = restarts_logged(serving, "node1", "rank0_stalled")[-1:] or [watchdog_journal(serving, "node1")]
+    assert f"; evidence in {EVIDENCE_DIR}/" in restart, restart
+    incident = restart.split("; evidence in ", 1)[1].split(" (", 1)[0]
+    stacks = serving.ssh("node1", f"cat {incident}/stacks.txt")
+    assert stacks.returncode == 0 and "Thread " in stacks.stdout, stacks.stdout + stacks.stderr
+    annotated = {a["annotations"].get("evidence") for a in receiver.alerts("KimiWatchdogRestartedGroup", "firing")}
+    assert incident in annotated, annotated
     restarts = prometheus("/api/v1/query", query="sum(kimi_watchdog_restarts_total)")["result"]
     assert restarts and float(restarts[0]["value"][1]) >= 1, restarts
 
@@ -310,3 +327,58 @@ def test_a_paused_watchdog_does_not_heal_and_a_stopped_group_stays_stopped(servi
         result = run_playbook(REPO_ROOT / "site.yml", LAB_INVENTORY, tags="serve")
         assert result.rc == 0, result.failure_messages()
     assert generates_a_token()
+
+
+def incidents(lab, node: str, since: str) -> list[dict]:
+    """The incident.json of every incident the node's watchdog wrote since the node's clock read `since`."""
+    found = lab.ssh(node, f"find {EVIDENCE_DIR} -mindepth 2 -maxdepth 2 -name incident.json -newermt @{since}")
+    return [json.loads(lab.ssh(node, f"cat {path}").stdout) for path in sorted(found.stdout.split())]
+
+
+def test_a_hung_headless_rank_leaves_its_stacks_and_evidence_yml_brings_every_node_to_the_controller(serving, tmp_path):
+    assert generates_a_token(), "the group does not serve before the hang"
+    since = serving.ssh("node2", "date +%s").stdout.strip()
+    # Every process of the headless rank stops where it is: rank 0 stalls, its watchdog restarts it, and the headless
+    # rank then sees its rendezvous closed and is restarted too; each restart takes its evidence first.
+    stop = serving.ssh("node2", f"systemctl kill --signal=SIGSTOP {UNITS['node2']}")
+    assert stop.returncode == 0, stop.stderr
+    hung = time.monotonic()
+    served = wait_until_generating(hung)
+    by_node = {node: incidents(serving, node, since) for node in UNITS}
+    assert "rank0_stalled" in [i["reason"] for i in by_node["node1"]], by_node["node1"]
+    # The first restart of the headless rank is the one that found it hung.
+    assert by_node["node2"], "the headless rank was never restarted"
+    headless = by_node["node2"][0]
+    assert headless["reason"] in ("rendezvous_closed", "rank0_lost"), headless
+    # The hung rank's own processes, stopped (T) when read, and py-spy's stacks of each Python one.
+    assert {p["state"] for p in headless["processes"]} == {"T"}, headless["processes"]
+    stacks = serving.ssh("node2", f"cat {EVIDENCE_DIR}/{headless['incident']}/stacks.txt").stdout
+    assert stacks.count("=== PID ") >= 2 and stacks.count("Thread ") >= 2, stacks
+    assert "(no stacks" not in stacks, stacks
+    for incident in (*by_node["node1"], headless):
+        assert incident["seconds"] <= 20 and incident["problems"] == [], incident
+    captured = ", ".join(f"{i['node']} {i['reason']} {i['seconds']:.1f} s" for i in (*by_node["node1"], headless))
+    print(f"hung headless rank: serving again {served - hung:.1f} s after the hang; evidence taken in {captured}")
+
+    started = time.monotonic()
+    collected = run_playbook(
+        EVIDENCE, LAB_INVENTORY, extravars={"evidence_last": "2"}, envvars={"KIMI_REPORT_DIR": str(tmp_path)}
+    )
+    assert collected.rc == 0, collected.failure_messages()
+    print(f"playbooks/evidence.yml: {time.monotonic() - started:.1f} s")
+    [run] = (tmp_path / "evidence").iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["nodes"]) == set(UNITS)
+    for node in UNITS:
+        here = run / "default" / node
+        newest = summary["nodes"][node][-1]["incident"]
+        assert newest == by_node[node][-1]["incident"]
+        assert (here / newest / "stacks.txt").read_text().count("Thread ") >= 1
+        assert (here / newest / "processes.txt").is_file() and (here / newest / "sockets.txt").is_file()
+        # Each node's kimi-* journal around the replica's incidents, its peer's restart included.
+        window = (here / "journal-window.txt").read_text()
+        assert "restarting (" in window, window[-2000:]
+    # The nodes are left as they were: no archive behind.
+    for node in UNITS:
+        left = serving.ssh(node, "find /tmp /var/tmp -maxdepth 2 -name '*.kimi-evidence.tar.gz'").stdout
+        assert left.strip() == "", left

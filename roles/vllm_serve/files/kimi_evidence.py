@@ -296,9 +296,9 @@ def capture(request: Request, tools: Tools | None = None) -> Result:
     outcomes = run_jobs(jobs_for(request, processes, tools), deadline, tools)
     files = _write_files(partial, request, processes, outcomes)
     problems += [f"{o.name}: {o.error}" for o in outcomes if o.error or o.timed_out]
-    summary = _summary(request, tools, processes, outcomes, files, problems, tools.clock() - started)
-    _write(partial / "incident.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     final = _free_name(base, name)
+    summary = _summary(request, tools, processes, outcomes, files, problems, tools.clock() - started)
+    _write(partial / "incident.json", json.dumps({"incident": final.name, **summary}, indent=2, sort_keys=True) + "\n")
     partial.rename(final)
     prune(base, request.keep, request.max_bytes, keep_name=final.name, now=tools.wall())
     return Result(str(final), tools.clock() - started, tuple(problems))

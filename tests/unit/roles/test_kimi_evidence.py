@@ -157,6 +157,7 @@ def test_a_rank_0_incident_holds_stacks_journals_sockets_metrics_and_the_gpu(tmp
     assert processes[2].startswith("101\tT\tfutex_wait_queue\t/usr/bin/python3.11\tVLLM::EngineCore")
     summary = json.loads((incident / "incident.json").read_text())
     assert summary["node"] == "node1" and summary["reason"] == "rank0_stalled" and summary["invocation_id"] == "inv-1"
+    assert summary["incident"] == incident.name
     assert [p["pid"] for p in summary["processes"]] == [100, 101, 102]
     assert {c["name"] for c in summary["captures"]} >= {"stacks-100.txt", "gpu.txt", "kernel.txt", "metrics.txt"}
     assert summary["problems"] == [] and summary["bytes_cut"] == {}
