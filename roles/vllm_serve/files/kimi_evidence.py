@@ -39,6 +39,10 @@ MAX_TIMEOUT_S = 20
 FILE_MAX_BYTES = 1024 * 1024
 # A unit with more processes than this is not vLLM's; the stacks of the first ones are enough.
 MAX_PROCESSES = 32
+# Where a unit's cgroup lists its processes: the unified hierarchy (cgroup v2, Ubuntu 22.04 and later, Debian 12),
+# its mount beside the v1 controllers on a hybrid host, and systemd's own v1 hierarchy on a legacy one (the lab's
+# nodes run on a hybrid host).
+CGROUP_HIERARCHIES = ("sys/fs/cgroup", "sys/fs/cgroup/unified", "sys/fs/cgroup/systemd")
 # Incident directories: <UTC time>-<reason>; anything else in the directory is not ours and is left alone.
 INCIDENT_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z0-9_]+(-\d+)?$")
 PARTIAL_PREFIX = ".partial-"
@@ -170,12 +174,16 @@ def unit_processes(request: Request, tools: Tools) -> tuple[list[Process], str]:
     group = out.strip()
     if code != 0 or not group:
         return [], f"no cgroup for {request.unit} ({(err or out).strip() or 'not running'})"
-    procs = Path(tools.root, "sys/fs/cgroup", group.lstrip("/"), "cgroup.procs")
-    try:
-        pids = [int(line) for line in procs.read_text(encoding="ascii").split()]
-    except (OSError, ValueError) as error:
-        return [], f"cannot read {procs}: {error}"
-    return [read_process(pid, tools.root) for pid in sorted(pids)[:MAX_PROCESSES]], ""
+    tried = []
+    for hierarchy in CGROUP_HIERARCHIES:
+        procs = Path(tools.root, hierarchy, group.lstrip("/"), "cgroup.procs")
+        try:
+            pids = [int(line) for line in procs.read_text(encoding="ascii").split()]
+        except (OSError, ValueError) as error:
+            tried.append(f"{procs}: {error.strerror if isinstance(error, OSError) else error}")
+            continue
+        return [read_process(pid, tools.root) for pid in sorted(pids)[:MAX_PROCESSES]], ""
+    return [], f"cannot read the processes of {request.unit} ({'; '.join(tried)})"
 
 
 def read_process(pid: int, root: str = "/") -> Process:

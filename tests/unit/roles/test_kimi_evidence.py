@@ -329,3 +329,24 @@ def test_jobs_follow_what_the_node_has(present, tmp_path):
     names = [job.name for job in jobs_for(rank0_request(tmp_path, py_spy=""), [], node.tools())]
     assert ("gpu.txt" in names) == bool(present)
     assert not [n for n in names if n.startswith("stacks-")]
+
+
+@pytest.mark.parametrize("hierarchy", ["sys/fs/cgroup/unified", "sys/fs/cgroup/systemd"])
+def test_the_processes_are_found_on_a_hybrid_or_legacy_cgroup_host(tmp_path, hierarchy):
+    node = FakeNode(tmp_path)
+    v2 = node.root / "sys/fs/cgroup" / CGROUP.lstrip("/")
+    other = node.root / hierarchy / CGROUP.lstrip("/")
+    other.mkdir(parents=True)
+    (v2 / "cgroup.procs").rename(other / "cgroup.procs")
+    result = capture(rank0_request(tmp_path), node.tools())
+    assert result.problems == ()
+    assert "=== PID 101 (T)" in (Path(result.path) / "stacks.txt").read_text()
+
+
+def test_a_cgroup_nowhere_to_be_read_says_where_it_looked(tmp_path):
+    node = FakeNode(tmp_path)
+    (node.root / "sys/fs/cgroup" / CGROUP.lstrip("/") / "cgroup.procs").unlink()
+    result = capture(rank0_request(tmp_path), node.tools())
+    [problem] = result.problems
+    assert problem.startswith(f"cannot read the processes of {UNIT} (")
+    assert problem.count("No such file or directory") == 3 and "/unified/" in problem and "/systemd/" in problem
