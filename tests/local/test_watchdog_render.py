@@ -139,23 +139,29 @@ def test_no_maintenance_switch_by_default(rendered):
     assert not (root / "node1/etc/kimi/maintenance").exists()
 
 
-@pytest.mark.skipif(not NODE_PYTHON.exists(), reason="no /usr/bin/python3 (the node's interpreter)")
-def test_the_copied_script_runs_under_the_nodes_python_alone(rendered, tmp_path):
-    root, _ = rendered
+def run_on_node_python(script: Path, tmp_path: Path, commands: dict[str, str], *args: str):
+    """The copied script under the node's interpreter alone, with `commands` (name: sh body) first on PATH."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    systemctl = fake_bin / "systemctl"
-    systemctl.write_text("#!/bin/sh\nprintf 'ActiveState=inactive\\nInvocationID=\\nExecMainStartTimestamp=\\n'\n")
-    systemctl.chmod(0o755)
-    script, config = root / "node2" / LIB_DIR / "kimi_watchdog.py", root / "node2/etc/kimi/watchdog.json"
-    done = subprocess.run(
-        [str(NODE_PYTHON), "-B", "-E", "-s", str(script), "--config", str(config), "--dry-run"],
+    for name, body in commands.items():
+        (fake_bin / name).write_text(f"#!/bin/sh\n{body}\n")
+        (fake_bin / name).chmod(0o755)
+    return subprocess.run(
+        [str(NODE_PYTHON), "-B", "-E", "-s", str(script), *args],
         capture_output=True,
         text=True,
         env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
         check=False,
         timeout=60,
     )
+
+
+@pytest.mark.skipif(not NODE_PYTHON.exists(), reason="no /usr/bin/python3 (the node's interpreter)")
+def test_the_copied_script_runs_under_the_nodes_python_alone(rendered, tmp_path):
+    root, _ = rendered
+    systemctl = "printf 'ActiveState=inactive\\nInvocationID=\\nExecMainStartTimestamp=\\n'"
+    script, config = root / "node2" / LIB_DIR / "kimi_watchdog.py", root / "node2/etc/kimi/watchdog.json"
+    done = run_on_node_python(script, tmp_path, {"systemctl": systemctl}, "--config", str(config), "--dry-run")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "(dry run) kimi-vllm-headless.service: stopped: kimi-vllm-headless.service is inactive: "
@@ -169,29 +175,17 @@ def test_the_copied_script_takes_evidence_by_hand_under_the_nodes_python(rendere
     systemctl, journalctl and ss answer; the unit's cgroup is not on this host, so there are no stacks: the lab's
     heal test reads real ones)."""
     root, _ = rendered
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    scripts = {
+    commands = {
         "systemctl": 'case "$*" in *ControlGroup*) echo /system.slice/none.service;; '
         "*) printf 'ActiveState=active\\nInvocationID=abc\\nExecMainStartTimestamp=\\n';; esac",
         "journalctl": 'echo "journal of $*"',
         "ss": "echo 'ESTAB 0 0 198.18.0.12:1 198.18.0.11:29501'",
     }
-    for name, body in scripts.items():
-        (fake_bin / name).write_text(f"#!/bin/sh\n{body}\n")
-        (fake_bin / name).chmod(0o755)
     config = json.loads((root / "node2/etc/kimi/watchdog.json").read_text())
     config.update(evidence_dir=str(tmp_path / "evidence"), evidence_timeout_s=5)
     (tmp_path / "watchdog.json").write_text(json.dumps(config))
     script = root / "node2" / LIB_DIR / "kimi_watchdog.py"
-    done = subprocess.run(
-        [str(NODE_PYTHON), "-B", "-E", "-s", str(script), "--config", str(tmp_path / "watchdog.json"), "--evidence"],
-        capture_output=True,
-        text=True,
-        env={"PATH": f"{fake_bin}:/usr/bin:/bin"},
-        check=False,
-        timeout=60,
-    )
+    done = run_on_node_python(script, tmp_path, commands, "--config", str(tmp_path / "watchdog.json"), "--evidence")
     assert done.returncode == 0, done.stderr
     [incident] = (tmp_path / "evidence").iterdir()
     assert done.stdout.splitlines()[0].startswith(f"{incident} (")
