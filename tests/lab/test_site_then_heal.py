@@ -226,7 +226,9 @@ def test_a_power_cut_of_rank_0_heals_by_itself_and_the_api_down_alert_fires_and_
     assert restarts_logged(serving, "node2", "rendezvous_closed") or restarts_logged(serving, "node2", "rank0_lost")
 
 
-def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_and_resolve(serving, receiver):
+def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_and_resolve(
+    serving, receiver, record_testsuite_property
+):
     # (lab crash + lab start is over in seconds, well within KimiNodeDown's `for`: that alert has its promtool
     # cases.)
     heal_after_power_cut(serving, receiver, "node2", ("KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
@@ -244,6 +246,7 @@ def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_an
     stacks = serving.ssh("node1", f"cat {incident}/stacks.txt")
     summary = serving.ssh("node1", f"cat {incident}/incident.json").stdout
     assert stacks.returncode == 0 and "Thread " in stacks.stdout, stacks.stdout + stacks.stderr + summary
+    record_testsuite_property("stalled_rank0_evidence_s", json.loads(summary)["seconds"])
     # The alert names it: Prometheus evaluates the annotation with node1's last incident (a firing alert's new
     # annotation reaches the webhook at Alertmanager's next group interval, so it is read from Prometheus).
     deadline = time.monotonic() + ALERT_BOUND_S
@@ -342,7 +345,7 @@ def incidents(lab, node: str, since: str) -> list[dict]:
 
 
 def test_a_hung_headless_rank_leaves_its_stacks_and_evidence_yml_brings_every_node_to_the_controller(
-    serving, tmp_path, record_property
+    serving, tmp_path, record_testsuite_property
 ):
     assert generates_a_token(), "the group does not serve before the hang"
     since = serving.ssh("node2", "date +%s").stdout.strip()
@@ -368,8 +371,8 @@ def test_a_hung_headless_rank_leaves_its_stacks_and_evidence_yml_brings_every_no
     captured = ", ".join(f"{i['node']} {i['reason']} {i['seconds']:.1f} s" for i in (*by_node["node1"], headless))
     print(f"hung headless rank: serving again {served - hung:.1f} s after the hang; evidence taken in {captured}")
     # The figures in the junit report too (artifacts/test-times/lab-heal.xml), where pytest's output is not kept.
-    record_property("heal_s", round(served - hung, 1))
-    record_property("evidence_s", captured)
+    record_testsuite_property("hung_headless_heal_s", round(served - hung, 1))
+    record_testsuite_property("hung_headless_evidence_s", captured)
 
     started = time.monotonic()
     collected = run_playbook(
@@ -377,7 +380,7 @@ def test_a_hung_headless_rank_leaves_its_stacks_and_evidence_yml_brings_every_no
     )
     assert collected.rc == 0, collected.failure_messages()
     print(f"playbooks/evidence.yml: {time.monotonic() - started:.1f} s")
-    record_property("evidence_playbook_s", round(time.monotonic() - started, 1))
+    record_testsuite_property("evidence_playbook_s", round(time.monotonic() - started, 1))
     [run] = (tmp_path / "evidence").iterdir()
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["nodes"]) == set(UNITS)
