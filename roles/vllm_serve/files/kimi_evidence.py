@@ -284,11 +284,16 @@ def cut(text: str, keep_end: bool) -> tuple[str, int]:
     return (note + body if keep_end else body + note), dropped
 
 
+def bound_s(request: Request) -> float:
+    """The capture's deadline in seconds: the request's, within 1 and MAX_TIMEOUT_S."""
+    return max(1.0, min(float(request.timeout_s), MAX_TIMEOUT_S))
+
+
 def capture(request: Request, tools: Tools | None = None) -> Result:
     """Write one incident into request.directory and prune the old ones; never raises for what the node lacks."""
     tools = tools or Tools()
     started = tools.clock()
-    deadline = started + max(1.0, min(float(request.timeout_s), MAX_TIMEOUT_S))
+    deadline = started + bound_s(request)
     base = Path(request.directory)
     name = incident_name(tools.wall(), request.reason)
     try:
@@ -372,7 +377,7 @@ def _summary(
         "reason": request.reason,
         "why": request.why,
         "seconds": round(seconds, 3),
-        "timeout_s": min(float(request.timeout_s), MAX_TIMEOUT_S),
+        "timeout_s": bound_s(request),
         "processes": [asdict(p) for p in processes],
         "captures": [
             {
