@@ -67,6 +67,7 @@ class Reported:
     """What vLLM itself says a step took (the slowest worker's figure); None where it did not say."""
 
     loading_weights_s: float | None = None  # "Loading weights took %.2f seconds"
+    stream_s: float | None = None  # Run:ai's "Overall time to stream ... of all files ...: %ss"
     model_loading_s: float | None = None  # "Model loading took %s GiB memory and %.6f seconds" (GPU)
     model_loading_gib: float | None = None
     compile_s: float | None = None  # "torch.compile took %.2f s in total", summed over a worker's compiled models
@@ -124,6 +125,16 @@ MARKERS: tuple[Marker, ...] = (
     # vllm/model_executor/model_loader/default_loader.py (0.32.0, also sharded_state_loader.py): "Loading weights
     # took %.2f seconds" (info_once: local rank 0 only).
     Marker("weights_loaded", re.compile(rf"Loading weights took {_NUMBER} seconds"), ("loading_weights_s",)),
+    # runai_model_streamer/safetensors_streamer/safetensors_streamer.py (runai-model-streamer 0.17.1, vLLM's
+    # --load-format runai_streamer): "[RunAI Streamer] Overall time to stream %s of all files to %s: %ss, %s/s"
+    # once the last tensor was read, in every worker; only with RUNAI_STREAMER_LOG_TO_STDERR=1, which the unit sets
+    # for that format. vLLM's own progress bar for it ("Loading safetensors using Runai Model Streamer") is global
+    # rank 0's only, and "Loading weights took" is the default loader's.
+    Marker(
+        "weights_loaded",
+        re.compile(rf"\[RunAI Streamer\] Overall time to stream .+? of all files(?: to \S+)?: {_NUMBER}s\b"),
+        ("stream_s",),
+    ),
     # vllm/v1/worker/gpu/model_runner.py (0.32.0's default Model Runner V2: every worker; also
     # v1/worker/gpu_model_runner.py, the V1 runner: info_once): "Model loading took %s GiB memory and %.6f seconds",
     # after the weights' post-processing; logged after the line above, so it is the milestone on GPUs.

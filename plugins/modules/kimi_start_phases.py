@@ -71,8 +71,8 @@ phases:
 reported:
   description: >-
     What vLLM itself said a step took, the slowest worker's figure or null: C(loading_weights_s),
-    C(model_loading_s), C(model_loading_gib), C(compile_s), C(graph_capture_s), C(graph_capture_gib),
-    C(init_engine_s).
+    C(stream_s) (Run:ai's streamer, with C(--load-format runai_streamer)), C(model_loading_s),
+    C(model_loading_gib), C(compile_s), C(graph_capture_s), C(graph_capture_gib), C(init_engine_s).
   returned: success
   type: dict
 workers:

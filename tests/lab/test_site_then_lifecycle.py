@@ -99,16 +99,42 @@ def test_a_rank_0_restarted_alone_is_restarted_with_the_group_by_the_next_run(wa
     assert generates_a_token()
 
 
-def test_a_changed_flag_restarts_both_ranks_in_order_and_verify_names_the_missing_tool_parser(serving):
+def weight_loads(result) -> dict[str, dict]:
+    """Per node: when its start's weights were loaded and what the loader itself reported (the serve phase's
+    kimi_start_phases results)."""
+    timed = result.results_of("Time this start from its journal (every rank, its current invocation)")
+    return {
+        host: {"weights_loaded": res["milestones"]["weights_loaded"], **res["reported"]}
+        for host, res in timed.items()
+        if "milestones" in res
+    }
+
+
+def test_changed_flags_restart_both_ranks_in_order_load_with_runai_and_verify_names_the_missing_tool_parser(serving):
     before_rank0, before_headless = unit(serving, RANK0), unit(serving, HEADLESS)
-    no_parser = {"kimi_tool_call_parser": "", "kimi_enable_auto_tool_choice": False}
-    changed = run_site(tags="serve", extravars=no_parser)
+    # Two changes in one restart: no tool parser, and Run:ai's streamer as the loader (the one faster loader the
+    # CPU build runs; the lab pins runai-model-streamer).
+    changed_flags = {
+        "kimi_tool_call_parser": "",
+        "kimi_enable_auto_tool_choice": False,
+        "vllm_serve_load_format": "runai_streamer",
+    }
+    changed = run_site(tags="serve", extravars=changed_flags)
     assert changed.rc == 0, changed.failure_messages()
     assert {"node1: files of kimi-vllm.service changed", "node2: files of kimi-vllm-headless.service changed"} <= set(
         restart_reasons(changed)
     )
     assert_restarted_in_order(serving, before_rank0, before_headless)
     assert generates_a_token()
+    # Both ranks loaded through the streamer, and each start's report says when and how long it streamed.
+    streamed = weight_loads(changed)
+    assert set(streamed) == {"node1", "node2"}, streamed
+    for host, load in streamed.items():
+        assert load["weights_loaded"] is not None and load["stream_s"] is not None, (host, load)
+        assert load["loading_weights_s"] is None, (host, load)  # the default loader did not run
+    for node, name in (RANK0, HEADLESS):
+        argv = serving.ssh(node, f"systemctl show -p ExecStart --value {name}").stdout
+        assert "--load-format runai_streamer" in argv, argv
 
     # The inventory still asks for the kimi_k2 tool parser: verify names what the running server lacks.
     verify = run_site(tags="verify")
@@ -126,6 +152,9 @@ def test_a_changed_flag_restarts_both_ranks_in_order_and_verify_names_the_missin
     assert restored.rc == 0, restored.failure_messages()
     assert {"node1: files of kimi-vllm.service changed"} <= set(restart_reasons(restored))
     assert generates_a_token()
+    # vLLM's default loader again: rank 0's node reports its own "Loading weights took" (info_once), not Run:ai's.
+    default_load = weight_loads(restored)["node1"]
+    assert default_load["loading_weights_s"] is not None and default_load["stream_s"] is None, default_load
 
 
 def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving, tmp_path):

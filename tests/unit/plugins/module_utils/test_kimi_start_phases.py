@@ -99,6 +99,31 @@ def test_every_milestone_of_the_headless_rank_recorded_on_the_lab():
     ]
 
 
+RUNAI_EPOCH = 1796518000  # the Run:ai start below, recorded 2026-12-06
+
+
+@pytest.mark.parametrize(
+    ("name", "group_formed", "weights_loaded", "stream_s"),
+    [
+        # node1 and node2 of one start of the group with --load-format runai_streamer: Run:ai's own line marks
+        # the load on both nodes (vLLM's progress bar for it is global rank 0's only).
+        ("lab-0.32.0-cpu-runai-rank0.journal.json", 163.629, 163.946, 0.09),
+        ("lab-0.32.0-cpu-runai-headless.journal.json", 163.645, 164.111, 0.04),
+    ],
+)
+def test_the_runai_streamers_own_line_marks_the_weights_on_every_node(name, group_formed, weights_loaded, stream_s):
+    start = start_phases(journal(name))
+    at = {
+        milestone: None if when is None else round(when - RUNAI_EPOCH, 3)
+        for milestone, when in vars(start.milestones).items()
+    }
+    assert (at["group_formed"], at["weights_loaded"]) == (group_formed, weights_loaded)
+    # "[RunAI Streamer] Overall time to stream 15.0 MiB of all files to cpu: 0.09s, 168.4 MiB/s"
+    assert start.reported.stream_s == stream_s
+    assert start.reported.loading_weights_s is None  # the default loader did not run
+    assert at["compile_started"] is not None and at["compiled"] is not None
+
+
 def test_the_reconstructed_gpu_start_takes_the_last_of_eight_workers():
     start = start_phases(journal("gpu-0.32.0-tp8-rank0.reconstructed.journal.json"))
     at = since_epoch(start.milestones)
