@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 LAB := lab/lab
 NODES ?= 2
+# bench-loader: runs per loader and page-cache state.
+RUNS ?= 3
 # Host packages the lab and the toolchain need (Debian/Ubuntu names); haproxy, nftables and openssl for the
 # router and firewall tests (tests/local: real haproxy on loopback, nft in throwaway network namespaces); apt-utils
 # (apt-ftparchive) and gnupg for the air-gapped bundle's signed apt repository (tests/local/test_bundle_apt.py).
@@ -173,6 +175,9 @@ bench: venv ## Print the benchmark figures
 
 bench-converge: host-deps venv lab-build ## Time a converge that changes nothing on NODES lab nodes (boots its own lab)
 	$(PY) bench/bench_converge.py --measure $(NODES)
+
+bench-loader: host-deps venv lab-build ## Time vLLM's weight load (auto, runai_streamer) of a generated GiB checkpoint
+	$(PY) bench/bench_loader.py --measure --runs $(RUNS)
 
 # The air-gapped lab's bundle (inventories/lab with inventories/lab-offline, whose node1 serves it; docs/air-gapped.md),
 # built from the lab's cached mirrors (make lab-build): its apt repositories (flat and unsigned, so trusted=yes) and
