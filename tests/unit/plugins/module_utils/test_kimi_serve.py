@@ -220,7 +220,7 @@ def test_the_load_formats_are_vllm_0_32_0s():
             "vllm_serve_extra_args",
             "gives --load-format",
         ),
-        ({"load_format": "ipc_cache"}, "vllm_serve_load_format", "set vllm_serve_weight_cache: true"),
+        ({"load_format": "ipc_cache"}, "vllm_serve_load_format", "set kimi_weight_cache: true"),
         (
             {"weight_cache": True, "load_format": "safetensors"},
             "vllm_serve_load_format",
@@ -229,7 +229,7 @@ def test_the_load_formats_are_vllm_0_32_0s():
         (
             {"weight_cache": True, "extra_args": ("--load-format", "auto")},
             "vllm_serve_extra_args",
-            "which vllm_serve_weight_cache sets",
+            "which kimi_weight_cache sets",
         ),
         (
             {"weight_cache": True, "extra_args": ("--model-loader-extra-config", "{}")},
@@ -243,7 +243,7 @@ def test_the_load_formats_are_vllm_0_32_0s():
         ),
         (
             {"weight_cache": True, "layout": "ray", "tensor_parallel_size": 16, "pipeline_parallel_size": 1},
-            "vllm_serve_weight_cache",
+            "kimi_weight_cache",
             "layout ray",
         ),
         ({"weight_cache": True, "weight_cache_port": 29501}, "kimi_weight_cache_port", "master port"),
