@@ -786,8 +786,76 @@ ROUTER_RANGES = {
 }
 
 
-def _router_limits(values: Mapping[str, Any], phase: str) -> list[Problem]:
+# A header name as haproxy's configuration can hold it unquoted: RFC 9110's field names (tokens) less the characters
+# haproxy's parser reads specially (# a comment, quotes, $ an environment variable, \ an escape). The session
+# headers agent clients send (X-Session-ID, session_id, ...) fit.
+HEADER_NAME = re.compile(r"^[A-Za-z0-9._-]+\Z")
+# Headers the router rewrites or that do not name a session: Authorization is replaced by vLLM's own key before
+# the backend hashes it (every request would land on one replica); the others describe the message, not its sender.
+NOT_A_SESSION_HEADER = frozenset(
+    {"authorization", "host", "content-length", "content-type", "transfer-encoding", "connection", "x-forwarded-for"}
+)
+# hash-balance-factor is a whole percentage of the average load; at 100 a replica may carry no more than the average,
+# which haproxy accepts but which turns affinity into spilling; above 200 a hot session may double a replica's load.
+BALANCE_FACTOR_RANGE = (1.01, 2.0)
+SESSIONS_DOC = "docs/front-door.md, section Sessions keep their cache"
+
+
+def router_balance_percent(value: Any) -> int | None:
+    """router_session_balance_factor as haproxy's hash-balance-factor (a whole percentage), None when not a number in
+    BALANCE_FACTOR_RANGE."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        return None
+    low, high = BALANCE_FACTOR_RANGE
+    if not low <= number <= high:
+        return None
+    return round(number * 100)
+
+
+def _router_affinity(values: Mapping[str, Any], phase: str) -> list[Problem]:
     problems = []
+    header = values.get("router_session_header", "")
+    if not isinstance(header, str) or (header and not HEADER_NAME.match(header)):
+        problems.append(
+            Problem(
+                "router_session_header",
+                phase,
+                f"is {header!r}: an HTTP header name of letters, digits and - _ . (no space or colon), or empty "
+                "for no session affinity",
+                SESSIONS_DOC,
+            )
+        )
+    elif header.lower() in NOT_A_SESSION_HEADER:
+        problems.append(
+            Problem(
+                "router_session_header",
+                phase,
+                f"is {header!r}, which does not name a client's session (the router replaces Authorization with "
+                "vLLM's own key before it balances); use a header the clients set per session, e.g. X-Session-ID",
+                SESSIONS_DOC,
+            )
+        )
+    factor = values.get("router_session_balance_factor", 1.25)
+    if router_balance_percent(factor) is None:
+        low, high = BALANCE_FACTOR_RANGE
+        problems.append(
+            Problem(
+                "router_session_balance_factor",
+                phase,
+                f"is {factor!r}: a number from {low} to {high}, the most a replica may carry as a multiple of the "
+                "average load before a session goes to the next replica (1.25: a quarter over its share)",
+                SESSIONS_DOC,
+            )
+        )
+    return problems
+
+
+def _router_limits(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    problems = _router_affinity(values, phase)
     for name, (low, high, what) in ROUTER_RANGES.items():
         number = as_int(values[name]) if name in values else low
         if number is None or not low <= number <= high:

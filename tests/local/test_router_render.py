@@ -54,6 +54,9 @@ MODEL = "kimi-k2"
 REPLICAS = {"r1": ["node1", "node2"], "r2": ["node3", "node4"]}
 ADDRESSES = {"node1": "127.0.0.11", "node2": "127.0.0.12", "node3": "127.0.0.13", "node4": "127.0.0.14"}
 CLIENT_MARK = "client request"
+RANGES_TASK = (
+    "Refuse a body limit, rate limit, TLS version or session setting out of range (before anything is installed)"
+)
 
 
 def free_port() -> int:
@@ -298,11 +301,19 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
         (
             # As -e gives them: strings.
             {"router_max_body_bytes": "100", "router_rate_limit_window": "0", "router_rate_limit_requests": "-1"},
-            "Refuse a body limit, rate limit or TLS version out of range (before anything is installed)",
+            RANGES_TASK,
             [
                 "router1: router_max_body_bytes is 100: a number of bytes from 1024",
                 "router_rate_limit_requests is -1",
                 "router_rate_limit_window is 0: seconds from 1 to 86400",
+            ],
+        ),
+        (
+            {"router_session_header": "X Session", "router_session_balance_factor": "3"},
+            RANGES_TASK,
+            [
+                "router1: router_session_header is 'X Session': an HTTP header name of letters, digits",
+                "router1: router_session_balance_factor is 3.0: a number from 1.01 to 2.0",
             ],
         ),
         (
@@ -324,6 +335,7 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
         "release",
         "replica-without-address",
         "abuse-limits",
+        "session-affinity",
         "tls-names",
         "tls-version",
     ],
@@ -462,12 +474,19 @@ class Router:
     context: ssl.SSLContext
 
     def request(
-        self, method: str, path: str, *, key: str | None = None, body: dict | None = None, source: str = "127.0.0.1"
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        body: dict | None = None,
+        source: str = "127.0.0.1",
+        extra_headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         connection = http.client.HTTPSConnection(
-            "127.0.0.1", self.site.port, context=self.context, timeout=15, source_address=(source, 0)
+            "127.0.0.1", self.site.port, context=self.context, timeout=30, source_address=(source, 0)
         )
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **(extra_headers or {})}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
         try:
@@ -477,9 +496,18 @@ class Router:
         finally:
             connection.close()
 
-    def completion(self, prompt: str = CLIENT_MARK, key: str = CLIENT_KEYS[0]) -> tuple[int, dict]:
-        status, data = self.request("POST", "/v1/completions", key=key, body={"model": MODEL, "prompt": prompt})
+    def completion(
+        self, prompt: str = CLIENT_MARK, key: str = CLIENT_KEYS[0], session: str | None = None
+    ) -> tuple[int, dict]:
+        headers = {"X-Session-ID": session} if session is not None else None
+        body = {"model": MODEL, "prompt": prompt}
+        status, data = self.request("POST", "/v1/completions", key=key, body=body, extra_headers=headers)
         return status, json.loads(data)
+
+    def served_by(self, session: str | None = None) -> str:
+        status, answer = self.completion(session=session)
+        assert status == 200, answer
+        return str(answer["served_by"])
 
     def raw(self, head: bytes, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
         """One HTTP/1.1 request written byte for byte (a chunked body, a body cut short): the router may answer
@@ -898,3 +926,100 @@ def test_a_burst_over_the_key_rate_is_refused_429_while_other_keys_are_served(li
         table = b"".join(iter(lambda: admin.recv(65536), b"")).decode()
     assert hashlib.sha256(f"Bearer {BURST_KEY}".encode()).hexdigest().upper() in table, table
     assert not any(key in table for key in [BURST_KEY, *CLIENT_KEYS]), table
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Session affinity (router_session_header, router_session_balance_factor; docs/front-door.md)
+# ---------------------------------------------------------------------------------------------------------
+
+SESSIONS = [f"agent-session-{number}" for number in range(40)]
+
+
+@pytest.fixture(scope="module")
+def affinity(site, written, tmp_path_factory) -> Iterator[Router]:
+    """The router with the role's defaults (affinity on X-Session-ID, bound 1.25) over two healthy replicas."""
+    root = tmp_path_factory.mktemp("router-affinity")
+    root.chmod(0o755)
+    (root / "etc").mkdir()
+    other = Site(root=root, port=free_port(), certificate=site.certificate, key=site.key, cert_file=site.cert_file)
+    outcome = other.run()
+    assert outcome.rc == 0, outcome.failure_messages()
+    with running_router(other, {"r1": 200, "r2": 200}) as started:
+        started.wait_status("r1", "UP")
+        started.wait_status("r2", "UP")
+        yield started
+
+
+def test_affinity_is_rendered_from_the_defaults_and_off_when_the_header_is_empty(site, written, tmp_path):
+    config = site.config.read_text()
+    assert "    use_backend kimi_replicas_by_session if { req.hdr(X-Session-ID) -m len gt 0 }\n" in config
+    assert "    balance hdr(X-Session-ID)\n    hash-type consistent\n    hash-balance-factor 125\n" in config
+    assert "    server r2 127.0.0.13:" in config and " track kimi_replicas/r2\n" in config
+    off = Site(root=tmp_path, port=site.port, certificate=site.certificate, key=site.key, cert_file=site.cert_file)
+    (tmp_path / "etc").mkdir()
+    outcome = off.run(router_session_header="", router_session_balance_factor="1.5")
+    assert outcome.rc == 0, outcome.failure_messages()
+    assert "kimi_replicas_by_session" not in off.config.read_text()
+
+
+def sessions_home(router: Router) -> dict[str, str]:
+    return {session: router.served_by(session) for session in SESSIONS}
+
+
+def test_a_session_stays_on_one_replica_and_requests_without_one_are_balanced_by_leastconn(affinity):
+    first = sessions_home(affinity)
+    assert set(first.values()) == {"127.0.0.11", "127.0.0.13"}, first  # both replicas hold sessions
+    assert sessions_home(affinity) == first  # every session back where it was
+    # Without the header, or with it empty: leastconn, which takes turns between idle replicas.
+    assert {affinity.served_by() for _ in range(6)} == {"127.0.0.11", "127.0.0.13"}
+    assert {affinity.served_by(session="") for _ in range(6)} == {"127.0.0.11", "127.0.0.13"}
+
+
+def test_a_drained_replica_hands_its_sessions_over_and_gets_back_only_its_own(affinity):
+    site = affinity.site
+    before = sessions_home(affinity)
+    drained = site.run("drain", router_server="r1")
+    assert drained.rc == 0, drained.failure_messages()
+    # The session backend's r1 follows its twin's maintenance.
+    assert affinity.show("r1")["trackers"] == ["kimi_replicas_by_session/r1"]
+    assert set(sessions_home(affinity).values()) == {"127.0.0.13"}
+    ready = site.run("ready", router_server="r1")
+    assert ready.rc == 0, ready.failure_messages()
+    after = sessions_home(affinity)
+    # Consistent hashing: r1's sessions come back to it, r2's never moved; no session changed places.
+    assert after == before
+
+
+def test_one_hot_session_cannot_hold_a_replica_past_the_load_bound(affinity):
+    """Six requests of one session at once, each held by its replica: with the bound 1.25 over two replicas, the
+    session's replica takes new ones only while it holds at most 1.25 x the average, then the other replica does."""
+    replicas = affinity.replicas
+    for replica in replicas.values():
+        replica.release.clear()
+    before = {name: len(replica.client_requests()) for name, replica in replicas.items()}
+
+    def held() -> dict[str, int]:
+        return {
+            n: sum(1 for r in rep.requests[before[n] :] if r["body"].get("prompt") == "hold")
+            for n, rep in replicas.items()
+        }
+
+    answers: list[tuple[int, dict]] = []
+    threads = []
+    for _ in range(6):
+        thread = threading.Thread(target=lambda: answers.append(affinity.completion("hold", session="hot-session")))
+        thread.start()
+        threads.append(thread)
+        # One at a time, so that each request is routed with the ones before it in flight.
+        deadline = time.monotonic() + 10
+        while sum(held().values()) < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    spread = held()
+    for replica in replicas.values():
+        replica.release.set()
+    for thread in threads:
+        thread.join(30)
+    assert [status for status, _ in answers] == [200] * 6
+    # haproxy's bound: a server takes a request while (its requests + 1) <= ceil((in flight + 1) x 1.25 / 2):
+    # the session's replica holds 4 of the 6 at most, the other at least 2.
+    assert sum(spread.values()) == 6 and min(spread.values()) >= 2, spread

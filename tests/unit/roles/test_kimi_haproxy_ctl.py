@@ -5,6 +5,8 @@ main() end to end against a fake admin socket: show, state (dry run, change, no 
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import socket
 import threading
@@ -113,7 +115,27 @@ def test_the_view_joins_both_tables():
         "admin": "drain",
         "admin_bits": 8,
         "up": False,
+        "trackers": (),
     }
+
+
+def tracking_row(row: str, backend: str, scur: int, tracked: str) -> str:
+    """A copy of a `show stat` row as the session-affinity backend's server that tracks it shows it."""
+    header = STAT_HEADER[2:].rstrip(",\n").split(",")
+    values = next(csv.reader(io.StringIO(row)))
+    values[header.index("pxname")] = backend
+    values[header.index("scur")] = str(scur)
+    values[header.index("tracked")] = tracked
+    return ",".join(values) + "\n"
+
+
+def test_a_servers_sessions_include_those_of_the_servers_tracking_it():
+    # The affinity backend's r2 tracks kimi_replicas/r2: a drain of r2 must wait for its 2 sessions too.
+    session_twin = tracking_row(STAT_R2_DOWN, "kimi_replicas_by_session", 2, "kimi_replicas/r2")
+    other = tracking_row(STAT_R1_MAINT, "kimi_replicas_by_session", 5, "kimi_replicas/r1")
+    stats = parse_stat_csv(STAT_HEADER + STAT_R1_MAINT + STAT_R2_DOWN + session_twin + other)
+    r2 = server_view("kimi_replicas", "r2", stats, parse_servers_state(SHOW_SERVERS_STATE))
+    assert (r2.scur, r2.trackers) == (3 + 2, ("kimi_replicas_by_session/r2",))
 
 
 def test_an_unknown_server_is_named_with_the_ones_there_are():

@@ -478,6 +478,17 @@ def test_router_without_api_keys_is_refused():
         ({"router_rate_limit_requests": -1}, "router_rate_limit_requests", "requests per window from 0"),
         ({"router_rate_limit_window": "0"}, "router_rate_limit_window", "seconds from 1 to 86400"),
         ({"router_tls_min_version": "TLSv1.1"}, "router_tls_min_version", "TLSv1.2 or TLSv1.3"),
+        ({"router_session_header": "X Session"}, "router_session_header", "an HTTP header name"),
+        ({"router_session_header": "X-Session-ID:"}, "router_session_header", "no space or colon"),
+        ({"router_session_header": "x-séance"}, "router_session_header", "an HTTP header name"),
+        ({"router_session_header": "X-Session#1"}, "router_session_header", "letters, digits and - _ ."),
+        ({"router_session_header": ["X-Session-ID"]}, "router_session_header", "an HTTP header name"),
+        ({"router_session_header": "Authorization"}, "router_session_header", "does not name a client's session"),
+        ({"router_session_balance_factor": "1"}, "router_session_balance_factor", "is '1': a number from 1.01 to 2"),
+        ({"router_session_balance_factor": 2.5}, "router_session_balance_factor", "a number from 1.01 to 2.0"),
+        ({"router_session_balance_factor": "125"}, "router_session_balance_factor", "multiple of the average"),
+        ({"router_session_balance_factor": "1.25x"}, "router_session_balance_factor", "a number from 1.01"),
+        ({"router_session_balance_factor": True}, "router_session_balance_factor", "a number from 1.01"),
     ],
 )
 def test_router_limits_out_of_range_are_refused_before_anything_is_installed(changes, variable, words):
@@ -490,6 +501,24 @@ def test_router_limits_as_e_strings_pass():
     assert (
         router_values(router_max_body_bytes="4096", router_rate_limit_requests="0", router_rate_limit_window="10") == []
     )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"router_session_header": ""},  # no affinity
+        {"router_session_header": "X-Session-ID", "router_session_balance_factor": "1.25"},
+        {"router_session_header": "session_id", "router_session_balance_factor": 2},
+        {"router_session_balance_factor": "1.01"},
+    ],
+)
+def test_session_affinity_settings_as_typed_pass(changes):
+    assert router_values(**changes) == []
+
+
+@pytest.mark.parametrize(("factor", "percent"), [("1.25", 125), (1.5, 150), ("2", 200), ("1.01", 101), ("1", None)])
+def test_the_balance_factor_is_haproxys_percentage(factor, percent):
+    assert ki.router_balance_percent(factor) == percent
 
 
 def test_no_router_hosts_means_no_router_problems():
