@@ -710,6 +710,13 @@ MONITORING_DURATIONS = (
     "monitoring_alert_node_down_for",
     "monitoring_alert_dcgm_down_for",
     "monitoring_alert_node_restarts_window",
+    "monitoring_alert_prefix_cache_for",
+)
+# The prefix cache alert's thresholds: (name, low, high, low included, what).
+PREFIX_CACHE_THRESHOLDS = (
+    ("monitoring_alert_prefix_cache_drop", 0.0, 1.0, False, "a share between 0 and 1 (both excluded), e.g. 0.5"),
+    ("monitoring_alert_prefix_cache_min_ratio", 0.0, 1.0, True, "a hit rate from 0 up to (not including) 1, e.g. 0.3"),
+    ("monitoring_alert_prefix_cache_min_tokens", 0.0, float("inf"), True, "prompt tokens per second, 0 or more"),
 )
 
 
@@ -758,6 +765,20 @@ def _node_restarts(values: Mapping[str, Any], phase: str) -> list[Problem]:
     return []
 
 
+def _prefix_cache_thresholds(values: Mapping[str, Any], phase: str) -> list[Problem]:
+    problems = []
+    for name, low, high, low_included, what in PREFIX_CACHE_THRESHOLDS:
+        if name not in values:
+            continue
+        try:
+            number = None if isinstance(values[name], bool) else float(str(values[name]).strip())
+        except ValueError:
+            number = None
+        if number is None or not (low <= number if low_included else low < number) or not number < high:
+            problems.append(Problem(name, phase, f"is {values[name]!r}: {what}", "roles/monitoring/README.md"))
+    return problems
+
+
 def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     """The monitoring hosts, durations, the webhook URL (the ports are judged with every port)."""
     phase = "monitoring"
@@ -768,6 +789,7 @@ def monitoring_problems(values: Mapping[str, Any]) -> list[Problem]:
     problems += _monitoring_hosts(values, phase)
     problems += _durations(values, MONITORING_DURATIONS, phase)
     problems += _node_restarts(values, phase)
+    problems += _prefix_cache_thresholds(values, phase)
     webhook = str(values.get("monitoring_webhook_url") or "")
     if webhook and urlsplit(webhook).scheme not in ("http", "https"):
         problems.append(

@@ -361,6 +361,13 @@ def test_good_monitoring_inputs_pass():
     assert monitoring(kimi_monitoring_group=["gn-h100-node2"], monitoring_retention="30d") == []
     # -e gives strings: "5" is five restarts.
     assert monitoring(monitoring_alert_node_restarts="5", monitoring_alert_node_restarts_window="1d") == []
+    prefix_cache = {
+        "monitoring_alert_prefix_cache_drop": "0.4",
+        "monitoring_alert_prefix_cache_min_ratio": "0",
+        "monitoring_alert_prefix_cache_min_tokens": "0",
+        "monitoring_alert_prefix_cache_for": "15m",
+    }
+    assert monitoring(**prefix_cache) == []
 
 
 @pytest.mark.parametrize(
@@ -386,6 +393,13 @@ def test_good_monitoring_inputs_pass():
         ({"monitoring_alert_node_restarts": "0"}, "monitoring_alert_node_restarts", "of at least 1 (got '0')"),
         ({"monitoring_alert_node_restarts": "2.5"}, "monitoring_alert_node_restarts", "is not a whole number"),
         ({"monitoring_alert_node_restarts": "many"}, "monitoring_alert_node_restarts", "is not a whole number"),
+        ({"monitoring_alert_prefix_cache_drop": "1"}, "monitoring_alert_prefix_cache_drop", "is '1': a share between"),
+        ({"monitoring_alert_prefix_cache_drop": 0}, "monitoring_alert_prefix_cache_drop", "(both excluded)"),
+        ({"monitoring_alert_prefix_cache_min_ratio": "1"}, "monitoring_alert_prefix_cache_min_ratio", "up to (not"),
+        ({"monitoring_alert_prefix_cache_min_ratio": "-0.1"}, "monitoring_alert_prefix_cache_min_ratio", "from 0"),
+        ({"monitoring_alert_prefix_cache_min_tokens": "-1"}, "monitoring_alert_prefix_cache_min_tokens", "0 or more"),
+        ({"monitoring_alert_prefix_cache_min_tokens": "lots"}, "monitoring_alert_prefix_cache_min_tokens", "is 'lots'"),
+        ({"monitoring_alert_prefix_cache_for": "10 min"}, "monitoring_alert_prefix_cache_for", "not a Prometheus"),
     ],
 )
 def test_bad_monitoring_inputs_are_refused_with_the_variable_named(changes, variable, words):
