@@ -29,7 +29,14 @@ from .kimi_bundle_signature import normalise_fingerprint
 from .kimi_layout import LAYOUTS
 from .kimi_networks import network_list, network_problem
 from .kimi_presets import PlanInputError, find_gpu, find_model
-from .kimi_serve import GPU_ONLY_LOAD_FORMATS, IPC_CACHE, LOAD_FORMAT_PACKAGES, WEIGHT_CACHE_SINCE, load_problems
+from .kimi_serve import (
+    GPU_ONLY_LOAD_FORMATS,
+    IPC_CACHE,
+    LOAD_FORMAT_PACKAGES,
+    WEIGHT_CACHE_SINCE,
+    load_problems,
+    prefix_caching_problems,
+)
 
 # The phases of site.yml in the order it runs them; each phase playbook's tag is its name.
 PHASES = ("preflight", "stack", "firewall", "parity", "checkpoint", "serve", "router", "monitoring", "verify")
@@ -630,7 +637,7 @@ LOADERS_DOC = "docs/self-healing.md, section Loading the weights"
 def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
     """The load format and the weight cache: vLLM's choices and combinations (kimi_serve.load_problems, which the
     serve phase applies again), the pip package a format imports, the CPU build, and the first vLLM with a daemon."""
-    problems = _bools(values, ("kimi_weight_cache",), phase)
+    problems = _bools(values, ("kimi_weight_cache", "vllm_serve_prefix_caching"), phase)
     load_format = str(values.get("vllm_serve_load_format") or "").strip()
     weight_cache = as_bool(values.get("kimi_weight_cache", False)) is True
     extra = values.get("vllm_serve_extra_args") or []
@@ -639,6 +646,10 @@ def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
     problems += [
         Problem(error.variable, phase, error.message, f"see {LOADERS_DOC}")
         for error in load_problems(load_format, weight_cache, extra_args, layout)
+    ]
+    problems += [
+        Problem(error.variable, phase, error.message, "roles/vllm_serve/README.md")
+        for error in prefix_caching_problems(extra_args)
     ]
     pins = values.get("kimi_vllm_pip_pins")
     pinned = (

