@@ -103,14 +103,19 @@ def as_bool(value: Any) -> bool | None:
     return None
 
 
-def as_int(value: Any) -> int | None:
+def as_float(value: Any) -> float | None:
+    """A number as -e or a YAML file gives it ("1.25", 1.25, 2); None for anything else (a boolean included)."""
     if isinstance(value, bool):
         return None
     try:
-        number = float(str(value).strip())
+        return float(str(value).strip())
     except ValueError:
         return None
-    return int(number) if number.is_integer() else None
+
+
+def as_int(value: Any) -> int | None:
+    number = as_float(value)
+    return int(number) if number is not None and number.is_integer() else None
 
 
 # ------------------------------------------------------------------------------------------ the checks
@@ -781,10 +786,7 @@ def _prefix_cache_thresholds(values: Mapping[str, Any], phase: str) -> list[Prob
     for name, low, high, low_included, what in PREFIX_CACHE_THRESHOLDS:
         if name not in values:
             continue
-        try:
-            number = None if isinstance(values[name], bool) else float(str(values[name]).strip())
-        except ValueError:
-            number = None
+        number = as_float(values[name])
         if number is None or not (low <= number if low_included else low < number) or not number < high:
             problems.append(Problem(name, phase, f"is {values[name]!r}: {what}", "roles/monitoring/README.md"))
     return problems
@@ -837,14 +839,9 @@ SESSIONS_DOC = "docs/front-door.md, section Sessions keep their cache"
 def router_balance_percent(value: Any) -> int | None:
     """router_session_balance_factor as haproxy's hash-balance-factor (a whole percentage), None when not a number in
     BALANCE_FACTOR_RANGE."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        return None
+    number = as_float(value)
     low, high = BALANCE_FACTOR_RANGE
-    if not low <= number <= high:
+    if number is None or not low <= number <= high:
         return None
     return round(number * 100)
 

@@ -769,12 +769,17 @@ def client_context(site: Site, version: ssl.TLSVersion, ciphers: str | None = No
     return context
 
 
-@pytest.fixture(scope="module")
-def limited(site, written, tmp_path_factory) -> Iterator[Router]:
-    root = tmp_path_factory.mktemp("router-limits")
+def another_site(site: Site, tmp_path_factory, name: str) -> Site:
+    """A second router site beside the module's own (its own directory and port, the same certificate)."""
+    root = tmp_path_factory.mktemp(name)
     root.chmod(0o755)
     (root / "etc").mkdir()
-    other = Site(root=root, port=free_port(), certificate=site.certificate, key=site.key, cert_file=site.cert_file)
+    return Site(root=root, port=free_port(), certificate=site.certificate, key=site.key, cert_file=site.cert_file)
+
+
+@pytest.fixture(scope="module")
+def limited(site, written, tmp_path_factory) -> Iterator[Router]:
+    other = another_site(site, tmp_path_factory, "router-limits")
     outcome = other.run(kimi_router_api_keys=[*CLIENT_KEYS, BURST_KEY], **LIMITS)
     assert outcome.rc == 0, outcome.failure_messages()
     with running_router(other, {"r1": 200, "r2": 200}) as started:
@@ -938,10 +943,7 @@ SESSIONS = [f"agent-session-{number}" for number in range(40)]
 @pytest.fixture(scope="module")
 def affinity(site, written, tmp_path_factory) -> Iterator[Router]:
     """The router with the role's defaults (affinity on X-Session-ID, bound 1.25) over two healthy replicas."""
-    root = tmp_path_factory.mktemp("router-affinity")
-    root.chmod(0o755)
-    (root / "etc").mkdir()
-    other = Site(root=root, port=free_port(), certificate=site.certificate, key=site.key, cert_file=site.cert_file)
+    other = another_site(site, tmp_path_factory, "router-affinity")
     outcome = other.run()
     assert outcome.rc == 0, outcome.failure_messages()
     with running_router(other, {"r1": 200, "r2": 200}) as started:
