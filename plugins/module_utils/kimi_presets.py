@@ -304,9 +304,41 @@ def load_model_config(path: Path, name: str | None = None) -> ModelSpec:
     return model_from_config(config, name or config_path.parent.name or str(config_path), str(config_path))
 
 
+# DeepSeek-V3.2's lightning indexer (DeepseekV32ForCausalLM): its config's index_* keys.
+INDEXER_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
+
+
+def unmodelled_cache(text: dict[str, Any]) -> str | None:
+    """Why the planner cannot plan this model's cache, or None. A model it does not model is refused, never
+    planned as if it were plain MLA: its KV budget would be wrong in a direction nobody sees until the load."""
+    indexer = [key for key in INDEXER_KEYS if key in text]
+    if indexer:
+        return (
+            f"it has DeepSeek-V3.2's sparse-attention indexer ({', '.join(indexer)}), which keeps a cache of its own "
+            "beside MLA's latent cache; the planner models the latent cache only and would overstate the tokens "
+            "that fit"
+        )
+    if "kv_lora_rank" not in text and ("num_key_value_heads" in text or "head_dim" in text):
+        heads = text.get("num_key_value_heads", text.get("num_attention_heads", "?"))
+        return (
+            f"it is a GQA/MHA model ({heads} KV heads, no kv_lora_rank): the planner models MLA's cache only "
+            "(kv_lora_rank + qk_rope_head_dim per token and layer, one copy per TP rank)"
+        )
+    if "kv_lora_rank" in text and not text.get("n_routed_experts"):
+        return (
+            "it is a dense model (n_routed_experts is 0 or missing): the planner's weights model "
+            "Kimi-K2/DeepSeek-V3-shaped MoE layers only"
+        )
+    return None
+
+
 def model_from_config(config: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
-    """Read the architecture from a config dict; K2.5-style configs nest it under text_config."""
+    """Read the architecture from a config dict; K2.5-style configs nest it under text_config. A model whose cache
+    or layers the planner does not model is a ValueError saying what is missing (unmodelled_cache)."""
     text = config.get("text_config") or config
+    why = unmodelled_cache(text)
+    if why:
+        raise ValueError(f"{source}: the planner cannot plan {name}: {why}")
     try:
         spec = ModelSpec(
             name=name,

@@ -524,6 +524,34 @@ def test_config_with_text_config_and_compressed_tensors():
     assert spec.quantization.format_for("model.layers.1.self_attn.o_proj").kind == "bf16"
 
 
+@pytest.mark.parametrize(
+    ("changes", "drop", "words"),
+    [
+        # DeepSeek-V3.2's config keys for its lightning indexer.
+        ({"index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}, (), "sparse-attention indexer"),
+        # A Llama/Qwen-shaped attention: KV heads and a head size, no latent cache.
+        ({"num_key_value_heads": 8, "head_dim": 128}, ("kv_lora_rank",), "is a GQA/MHA model (8 KV heads"),
+        ({"n_routed_experts": 0}, (), "is a dense model (n_routed_experts is 0"),
+    ],
+    ids=["deepseek-v3.2-indexer", "gqa", "dense"],
+)
+def test_a_model_whose_cache_the_planner_does_not_model_is_refused_saying_what_is_missing(changes, drop, words):
+    config = {**json.loads(LAB_MINI_CONFIG.read_text()), **changes}
+    for key in drop:
+        config.pop(key)
+    with pytest.raises(ValueError, match="the planner cannot plan other") as refused:
+        presets.model_from_config(config, "other", "other/config.json")
+    assert words in str(refused.value)
+
+
+def test_a_config_file_the_planner_cannot_plan_is_refused_naming_the_option(tmp_path):
+    config = {**json.loads(LAB_MINI_CONFIG.read_text()), "index_topk": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(presets.PlanInputError) as refused:
+        presets.find_model(str(tmp_path))
+    assert refused.value.flag == "--model" and "sparse-attention indexer" in refused.value.message
+
+
 def test_unsupported_quantization_is_refused():
     with pytest.raises(ValueError, match="unsupported quant_method"):
         presets.quantization_from_config({"quantization_config": {"quant_method": "awq"}})
