@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -137,6 +138,13 @@ def test_values_every_phase_reads(changes, variable):
         assert [p["variable"] for p in found] == ["kimi_model"]
     problem = only(found, variable)
     assert problem["phase"] == "every" and "read by every phase" in problem["text"]
+
+
+def test_a_model_config_the_planner_cannot_plan_is_refused_naming_kimi_model(tmp_path):
+    lab_mini = json.loads((paths.REPO_ROOT / "lab" / "mirrors" / "hf" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**lab_mini, "n_routed_experts": 0}))
+    problem = only(problems(kimi_model=str(tmp_path)), "kimi_model")
+    assert "is a dense model (n_routed_experts is 0" in problem["message"], problem["text"]
 
 
 def test_serve_layout_and_ports():
