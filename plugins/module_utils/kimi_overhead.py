@@ -114,6 +114,48 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in found.group(1).split("."))
 
 
+# The vLLM releases whose source the rules above were read in: GPU rules from 0.10.1.1 to 0.23.0 (the wheels named
+# above; 0.12 to 0.19 between them, not read, take the 0.23.0 rules as BACKEND_PRIORITIES_SINCE says). A version in
+# that span is planned with them. One past the newest, up to RULES_NEAR_MINORS minor releases on, gets the newest's
+# rules and a warning that names them; one older than the oldest (V0's engine profiled otherwise) or farther on is
+# refused: no rule is near enough to plan it, and a silent default is the plan nobody checks until a load fails.
+RULES_OLDEST = (0, 10, 1)
+RULES_NEWEST = (0, 23, 0)
+RULES_NEAR_MINORS = 10
+
+
+def _release_text(release: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in release)
+
+
+def version_warning(version: str) -> str | None:
+    """None when the planner's rules were read for this vLLM; a warning naming the rules used when it plans a newer
+    one with the newest rules it has; PlanInputError (--vllm-version) when no rules are near."""
+    release = parse_version(version)
+    oldest, newest = _release_text(RULES_OLDEST), _release_text(RULES_NEWEST)
+    if release < RULES_OLDEST:
+        raise PlanInputError(
+            "--vllm-version",
+            f"vLLM {version} is older than {oldest}, the oldest whose memory profile the planner's rules were read in "
+            "(an older engine profiles memory otherwise): no rule is near; plan a newer vLLM",
+        )
+    if release[:2] <= RULES_NEWEST[:2]:
+        return None
+    past = release[1] - RULES_NEWEST[1] if release[0] == RULES_NEWEST[0] else None
+    if past is None or past > RULES_NEAR_MINORS:
+        raise PlanInputError(
+            "--vllm-version",
+            f"vLLM {version} is more than {RULES_NEAR_MINORS} minor releases past {newest}, the newest whose source "
+            "the planner's rules were read in: no rule is near; read its worker's memory profile and add its rules "
+            "(docs/planner.md, 'Versions')",
+        )
+    return (
+        f"vLLM {version}: no rule of this release was read; planned with vLLM {newest}'s rules, the newest read "
+        "(docs/planner.md, 'Versions'). Compare the plan with its start-up log ('Available KV cache memory', 'GPU KV "
+        "cache size') before relying on it."
+    )
+
+
 def _at_least(version: str, since: tuple[int, ...]) -> bool:
     return parse_version(version) >= since
 

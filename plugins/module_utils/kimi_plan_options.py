@@ -13,7 +13,7 @@ from .kimi_overhead import (
     PINNED_VLLM_VERSION,
     default_block_size,
     default_limits,
-    parse_version,
+    version_warning,
 )
 from .kimi_plan import PlanInputs, compute_plan, pooled_plan
 from .kimi_presets import (
@@ -190,7 +190,7 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
     if dtype not in KV_CACHE_DTYPES:
         raise PlanInputError("--kv-cache-dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)} (got {dtype!r})")
     version = str(options["vllm_version"]).strip()
-    parse_version(version)  # refuses, naming --vllm-version, what does not parse
+    version_warning(version)  # refuses, naming --vllm-version, what does not parse or has no rule near
     all2all = _choice(options, "all2all_backend", ALL2ALL_BACKENDS)
     overhead_model = _choice(options, "overhead_model", OVERHEAD_MODELS)
     weights_bytes = _checkpoint_weight_bytes(options)
@@ -242,6 +242,7 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
 def plan_from_options(raw: dict[str, Any]) -> dict[str, Any]:
     """The plan (or, with pooled=True, the GreenNode guide's pooled arithmetic) for CLI-style options."""
     inputs = inputs_from_options(raw)
-    if raw.get("pooled"):
-        return pooled_plan(inputs)
-    return compute_plan(inputs)
+    plan = pooled_plan(inputs) if raw.get("pooled") else compute_plan(inputs)
+    warning = version_warning(inputs.vllm_version)
+    plan["warnings"] = [warning] if warning else []
+    return plan

@@ -104,7 +104,8 @@ options:
     default: false
   vllm_version:
     description: The vLLM release whose rules apply (overhead terms, block size, printed token count,
-      --kv-cache-memory-bytes support).
+      --kv-cache-memory-bytes support). From 0.10.1 to 0.23.x its own rules; up to ten minor releases past 0.23 the
+      0.23.0 rules with a warning naming them; anything else is refused (no rule is near).
     type: str
     default: 0.23.0
   max_num_seqs:
@@ -301,6 +302,8 @@ def main() -> None:
     if error:
         # Outside the except block, so Ansible reports the message, not a traceback.
         module.fail_json(msg=error)
+    for warning in plan.get("warnings", []):
+        module.warn(warning)
     result = {key: plan.get(key) for key in SUMMARY_KEYS}
     result.update(changed=False, plan=plan, table=render_text(plan))
     if not plan["fits"] and module.params["fail_on_misfit"]:

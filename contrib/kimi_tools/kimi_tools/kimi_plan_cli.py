@@ -89,6 +89,8 @@ def cli_main(argv: Sequence[str] | None = None, prog: str = "kimi-plan") -> int:
     except PlanInputError as exc:
         sys.stderr.write(f"{prog}: error: argument {exc.flag}: {exc.message}\n")
         return 2
+    for warning in plan.get("warnings", []):
+        sys.stderr.write(f"{prog}: warning: {warning}\n")
     if as_json:
         sys.stdout.write(json.dumps(plan, sort_keys=False) + "\n")
     else:
