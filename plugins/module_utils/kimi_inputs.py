@@ -836,14 +836,12 @@ BALANCE_FACTOR_RANGE = (1.01, 2.0)
 SESSIONS_DOC = "docs/front-door.md, section Sessions keep their cache"
 
 
-def router_balance_percent(value: Any) -> int | None:
-    """router_session_balance_factor as haproxy's hash-balance-factor (a whole percentage), None when not a number in
-    BALANCE_FACTOR_RANGE."""
+def balance_factor_ok(value: Any) -> bool:
+    """Whether router_session_balance_factor is a number in BALANCE_FACTOR_RANGE (the router role's vars turn it
+    into haproxy's hash-balance-factor, router_session_balance_percent)."""
     number = as_float(value)
     low, high = BALANCE_FACTOR_RANGE
-    if number is None or not low <= number <= high:
-        return None
-    return round(number * 100)
+    return number is not None and low <= number <= high
 
 
 def _router_affinity(values: Mapping[str, Any], phase: str) -> list[Problem]:
@@ -870,7 +868,7 @@ def _router_affinity(values: Mapping[str, Any], phase: str) -> list[Problem]:
             )
         )
     factor = values.get("router_session_balance_factor", 1.25)
-    if router_balance_percent(factor) is None:
+    if not balance_factor_ok(factor):
         low, high = BALANCE_FACTOR_RANGE
         problems.append(
             Problem(

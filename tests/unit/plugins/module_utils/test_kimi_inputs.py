@@ -544,9 +544,9 @@ def test_session_affinity_settings_as_typed_pass(changes):
     assert router_values(**changes) == []
 
 
-@pytest.mark.parametrize(("factor", "percent"), [("1.25", 125), (1.5, 150), ("2", 200), ("1.01", 101), ("1", None)])
-def test_the_balance_factor_is_haproxys_percentage(factor, percent):
-    assert ki.router_balance_percent(factor) == percent
+@pytest.mark.parametrize(("factor", "ok"), [("1.25", True), (1.5, True), ("2", True), ("1.01", True), ("1", False)])
+def test_the_balance_factor_range(factor, ok):
+    assert ki.balance_factor_ok(factor) is ok
 
 
 def test_no_router_hosts_means_no_router_problems():
