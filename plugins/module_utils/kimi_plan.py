@@ -282,6 +282,9 @@ class PlanInputs:
     overhead_model: str = "vllm"
     # The driver's figure (nvidia-smi) when gpu_memory_gib holds the CUDA-visible one; display only.
     gpu_memory_gib_driver: float | None = None
+    # kimi_overhead.version_warning's for vllm_version: the rules it was planned with when they are another
+    # release's (the plan's "warnings").
+    version_warning: str | None = None
 
     @property
     def world_size(self) -> int:

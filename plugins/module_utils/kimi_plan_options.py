@@ -190,7 +190,8 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
     if dtype not in KV_CACHE_DTYPES:
         raise PlanInputError("--kv-cache-dtype", f"must be one of {', '.join(KV_CACHE_DTYPES)} (got {dtype!r})")
     version = str(options["vllm_version"]).strip()
-    version_warning(version)  # refuses, naming --vllm-version, what does not parse or has no rule near
+    # Refuses, naming --vllm-version, what does not parse or has no rule near; else the warning, if any.
+    warning = version_warning(version)
     all2all = _choice(options, "all2all_backend", ALL2ALL_BACKENDS)
     overhead_model = _choice(options, "overhead_model", OVERHEAD_MODELS)
     weights_bytes = _checkpoint_weight_bytes(options)
@@ -236,6 +237,7 @@ def inputs_from_options(raw: dict[str, Any]) -> PlanInputs:
         all2all_backend=all2all,
         overhead_model=overhead_model,
         gpu_memory_gib_driver=None if explicit_memory or gpu is None else gpu.memory_gib,
+        version_warning=warning,
     )
 
 
@@ -243,6 +245,5 @@ def plan_from_options(raw: dict[str, Any]) -> dict[str, Any]:
     """The plan (or, with pooled=True, the GreenNode guide's pooled arithmetic) for CLI-style options."""
     inputs = inputs_from_options(raw)
     plan = pooled_plan(inputs) if raw.get("pooled") else compute_plan(inputs)
-    warning = version_warning(inputs.vllm_version)
-    plan["warnings"] = [warning] if warning else []
+    plan["warnings"] = [inputs.version_warning] if inputs.version_warning else []
     return plan
