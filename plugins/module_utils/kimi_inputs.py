@@ -642,7 +642,7 @@ LOADERS_DOC = "docs/self-healing.md, section Loading the weights"
 def _load_problems(values: Mapping[str, Any], phase: str) -> list[Problem]:
     """The load format and the weight cache: vLLM's choices and combinations (kimi_serve.load_problems, which the
     serve phase applies again), the pip package a format imports, the CPU build, and the first vLLM with a daemon."""
-    problems = _bools(values, ("kimi_weight_cache", "vllm_serve_prefix_caching"), phase)
+    problems = _bools(values, ("kimi_weight_cache", "kimi_prefix_caching"), phase)
     load_format = str(values.get("vllm_serve_load_format") or "").strip()
     weight_cache = as_bool(values.get("kimi_weight_cache", False)) is True
     extra = values.get("vllm_serve_extra_args") or []

@@ -80,8 +80,9 @@ class ServeSpec:
     extra_args: Sequence[str] = field(default_factory=tuple)  # appended as given (lab: --load-format ...)
     # vllm_serve_load_format: --load-format; "" leaves vLLM's default (auto).
     load_format: str = ""
-    # vllm_serve_prefix_caching: --enable-prefix-caching or --no-enable-prefix-caching, said explicitly so that a
-    # vLLM whose default differs changes nothing (0.32.0's default is on, arg_utils.py).
+    # kimi_prefix_caching: --enable-prefix-caching (with --enable-prompt-tokens-details) or
+    # --no-enable-prefix-caching, said explicitly so that a vLLM whose default differs changes nothing (0.32.0's
+    # default is on, arg_utils.py).
     prefix_caching: bool = True
     # kimi_weight_cache: a `vllm preload` daemon per node keeps the weights in GPU memory, and the vLLM units
     # map them from it (--load-format ipc_cache), so a rank restart skips the load from disk.
@@ -295,14 +296,14 @@ PREFIX_CACHING_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching")
 
 
 def prefix_caching_problems(extra_args: Sequence[str]) -> list[ServeInputError]:
-    """vllm_serve_prefix_caching says it on every rank: the same flag in vllm_serve_extra_args is refused."""
+    """kimi_prefix_caching says it on every rank: the same flag in vllm_serve_extra_args is refused."""
     given = [flag for flag in PREFIX_CACHING_FLAGS if _flag_words(extra_args, flag)]
     if not given:
         return []
     return [
         ServeInputError(
             "vllm_serve_extra_args",
-            f"gives {given[0]}, which vllm_serve_prefix_caching sets (true: --enable-prefix-caching, false: "
+            f"gives {given[0]}, which kimi_prefix_caching sets (true: --enable-prefix-caching, false: "
             "--no-enable-prefix-caching): keep that variable and drop the flag",
         )
     ]
@@ -383,7 +384,13 @@ def _capacity_flags(spec: ServeSpec) -> list[str]:
         argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes)]
     if spec.enforce_eager:
         argv.append("--enforce-eager")
-    argv.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
+    # With the cache on, each answer's usage says how many of its prompt tokens it served (cached_tokens): the
+    # client sees what its session's affinity earns, and verify's multi-turn probe reads its own hit rate there.
+    argv += (
+        ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
+        if spec.prefix_caching
+        else ["--no-enable-prefix-caching"]
+    )
     if spec.shutdown_timeout:
         argv += ["--shutdown-timeout", str(spec.shutdown_timeout)]
     return argv

@@ -169,11 +169,11 @@ WEIGHT_CACHE_PINS = {"vllm": "0.32.0", "nvidia-nccl-cu13": "2.28.9"}
             "gives --load-format",
         ),
         ({"kimi_weight_cache": "maybe"}, "kimi_weight_cache", "not a boolean"),
-        ({"vllm_serve_prefix_caching": "often"}, "vllm_serve_prefix_caching", "not a boolean"),
+        ({"kimi_prefix_caching": "often"}, "kimi_prefix_caching", "not a boolean"),
         (
             {"vllm_serve_extra_args": ["--no-enable-prefix-caching"]},
             "vllm_serve_extra_args",
-            "gives --no-enable-prefix-caching, which vllm_serve_prefix_caching sets",
+            "gives --no-enable-prefix-caching, which kimi_prefix_caching sets",
         ),
         ({"kimi_weight_cache": "yes"}, "kimi_weight_cache", "first in vLLM 0.32.0"),
         (

@@ -205,13 +205,16 @@ def test_prefix_caching_is_said_explicitly_on_every_rank():
     ):
         for node in plan_nodes(spec).values():
             assert node["argv"].count(flag) == 1 and other not in node["argv"], node["argv"]
+            # The answers' cached-token counts come with the cache, and only with it.
+            details = node["argv"].count("--enable-prompt-tokens-details")
+            assert details == (1 if spec.prefix_caching else 0), node["argv"]
 
 
 @pytest.mark.parametrize("flag", ["--enable-prefix-caching", "--no-enable-prefix-caching"])
 def test_a_prefix_caching_flag_in_extra_args_is_refused_naming_the_variable(flag):
     (problem,) = validate(replace(MP, extra_args=("--max-log-len", "10", flag)))
     assert problem.variable == "vllm_serve_extra_args"
-    assert f"gives {flag}, which vllm_serve_prefix_caching sets" in problem.message
+    assert f"gives {flag}, which kimi_prefix_caching sets" in problem.message
 
 
 def test_the_load_formats_are_vllm_0_32_0s():
