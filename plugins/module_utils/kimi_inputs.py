@@ -846,11 +846,11 @@ def balance_factor_ok(value: Any) -> bool:
 
 def _router_affinity(values: Mapping[str, Any], phase: str) -> list[Problem]:
     problems = []
-    header = values.get("router_session_header", "")
+    header = values.get("kimi_router_session_header", "")
     if not isinstance(header, str) or (header and not HEADER_NAME.match(header)):
         problems.append(
             Problem(
-                "router_session_header",
+                "kimi_router_session_header",
                 phase,
                 f"is {header!r}: an HTTP header name of letters, digits and - _ . (no space or colon), or empty "
                 "for no session affinity",
@@ -860,7 +860,7 @@ def _router_affinity(values: Mapping[str, Any], phase: str) -> list[Problem]:
     elif header.lower() in NOT_A_SESSION_HEADER:
         problems.append(
             Problem(
-                "router_session_header",
+                "kimi_router_session_header",
                 phase,
                 f"is {header!r}, which does not name a client's session (the router replaces Authorization with "
                 "vLLM's own key before it balances); use a header the clients set per session, e.g. X-Session-ID",
@@ -1079,6 +1079,48 @@ def firewall_problems(values: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+# verify's multi-turn probe through the router (roles/verify, kimi_prefix_probe): 0 turns sends none; one turn
+# has nothing of its own to meet in the cache.
+PROBE_TURNS_MAX = 20
+
+
+def verify_problems(values: Mapping[str, Any]) -> list[Problem]:
+    problems = []
+    turns = as_int(values.get("verify_prefix_probe_turns", 3))
+    if turns is None or turns == 1 or not 0 <= turns <= PROBE_TURNS_MAX:
+        problems.append(
+            Problem(
+                "verify_prefix_probe_turns",
+                "verify",
+                f"is {values.get('verify_prefix_probe_turns')!r}: 0 (no multi-turn probe) or 2 to {PROBE_TURNS_MAX} "
+                "turns (the first turn has nothing of its own to meet in the cache)",
+                "roles/verify/README.md",
+            )
+        )
+    words = as_int(values.get("verify_prefix_probe_words", 800))
+    if words is None or not 16 <= words <= 100_000:
+        problems.append(
+            Problem(
+                "verify_prefix_probe_words",
+                "verify",
+                f"is {values.get('verify_prefix_probe_words')!r}: 16 to 100000 words in the probe's first prompt",
+                "roles/verify/README.md",
+            )
+        )
+    rate = as_float(values.get("verify_prefix_cache_min_hit_rate", 0.5))
+    if rate is None or not 0 <= rate <= 1:
+        problems.append(
+            Problem(
+                "verify_prefix_cache_min_hit_rate",
+                "verify",
+                f"is {values.get('verify_prefix_cache_min_hit_rate')!r}: a share from 0 (report only) to 1 of the "
+                "probe's later prompt tokens that must come from the prefix cache",
+                "roles/verify/README.md",
+            )
+        )
+    return problems
+
+
 CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
     "firewall": firewall_problems,
     "stack": stack_problems,
@@ -1086,6 +1128,7 @@ CHECKS: dict[str, Callable[[Mapping[str, Any]], list[Problem]]] = {
     "serve": serve_problems,
     "router": router_problems,
     "monitoring": monitoring_problems,
+    "verify": verify_problems,
     OFFLINE_MIRROR_PHASE: offline_mirror_problems,
 }
 

