@@ -18,8 +18,9 @@ description:
   - Fails with the reasons when the plan does not fit, unless I(fail_on_misfit=false).
 options:
   model:
-    description: Model preset (Kimi-K2-Instruct, Kimi-K2-Instruct-0905, Kimi-K2-Thinking, Kimi-K2.7-Code,
-      lab-mini) or the path of a checkpoint's config.json (or its folder) on the machine running the module.
+    description: Model preset (Kimi-K2-Instruct, Kimi-K2-Instruct-0905, Kimi-K2-Thinking, Kimi-K2.5, Kimi-K2.6,
+      Kimi-K2.7-Code, lab-mini) or the path of a checkpoint's config.json (or its folder) on the machine running
+      the module.
     type: str
     default: Kimi-K2.7-Code
   weights_bytes:

@@ -57,7 +57,7 @@ options:
     type: bool
     default: true
   reasoning:
-    description: Run the reasoning check (thinking models - Kimi-K2-Thinking, Kimi-K2.7-Code).
+    description: Run the reasoning check (thinking models - Kimi-K2-Thinking, Kimi-K2.5, Kimi-K2.6, Kimi-K2.7-Code).
     type: bool
     default: false
   reasoning_skip_reason:

@@ -612,3 +612,21 @@ def test_bad_options_name_the_flag(options, flag):
     with pytest.raises(presets.PlanInputError) as error:
         plan(**{"gpu": "h200", **options})
     assert error.value.flag == flag
+
+
+# --- Kimi-K2.5 and K2.6: K2.7-Code's architecture (the vLLM recipe), their own repository and checkpoint ------------
+
+
+@pytest.mark.parametrize("name", ["Kimi-K2.5", "Kimi-K2.6"])
+def test_k25_and_k26_are_k27_codes_architecture_with_their_own_repository_and_checkpoint(name):
+    preset = presets.MODEL_PRESETS[name]
+    different = {"name", "repo_id", "checkpoint_bytes", "source"}
+    assert {k: v for k, v in vars(preset).items() if k not in different} == {
+        k: v for k, v in vars(K27).items() if k not in different
+    }
+    assert preset.repo_id == f"moonshotai/{name}" and preset.checkpoint_bytes == 595_148_192_736
+    # The same shape plans the same (the weights come from the component breakdown): only the names differ.
+    shape = {"gpu": "h200", "tp": 8, "kv_cache_gib_per_gpu": 10, "max_model_len": 131072}
+    mine, k27 = plan(model=name, **shape), plan(model="Kimi-K2.7-Code", **shape)
+    assert {k for k in mine if mine[k] != k27[k]} == {"model", "model_source"}
+    assert mine["kv_tokens"] == 152_784
