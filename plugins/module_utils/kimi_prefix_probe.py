@@ -137,10 +137,6 @@ def verdict(where: str, turns: Sequence[Turn], min_hit_rate: float, prefix_cachi
 
 
 def _check(name: str, status: str, detail: str, turns: Sequence[Turn], rate: float | None = None) -> dict[str, Any]:
-    return {
-        "name": name,
-        "status": status,
-        "detail": detail,
-        "hit_rate": None if rate is None else round(rate, 4),
-        "turns": [asdict(turn) for turn in turns],
-    }
+    """A verify report check; its figures go under data, which the report keeps (kimi_verify_report)."""
+    data = {"hit_rate": None if rate is None else round(rate, 4), "turns": [asdict(turn) for turn in turns]}
+    return {"name": name, "status": status, "detail": detail, "data": data}

@@ -100,15 +100,16 @@ EXAMPLES = r"""
 
 RETURN = r"""
 check:
-  description: The report's check - name (C(prefix_cache) and the URL), status, detail, hit_rate and turns.
+  description: >-
+    The report's check - name (C(prefix_cache) and the URL), status, detail, and data (hit_rate, and each turn's
+    prompt_tokens, cached_tokens and seconds).
   returned: always
   type: dict
   sample:
     name: prefix_cache https://198.18.0.11:8443
     status: pass
     detail: "turns 2-3 of one session (its header kept): 1920 of 2105 prompt tokens from the prefix cache (91%; ...)"
-    hit_rate: 0.9121
-    turns: [{prompt_tokens: 913, cached_tokens: 0, seconds: 0.41}]
+    data: {hit_rate: 0.9121, turns: [{prompt_tokens: 913, cached_tokens: 0, seconds: 0.41}]}
 hit_rate:
   description: Cached over prompt tokens of the turns after the first (null when skipped or not counted).
   returned: always
@@ -203,16 +204,16 @@ def main() -> None:
                 _asker(module, session), session, params["turns"], params["first_words"], params["new_words"]
             )
         except (RouterAnswerError, ProbeAnswerError) as error:
-            check = {"name": f"prefix_cache {where}", "status": "fail", "detail": str(error), "hit_rate": None,
-                     "turns": []}  # fmt: skip
+            check = {"name": f"prefix_cache {where}", "status": "fail", "detail": str(error), "data": {}}
             _finish(module, check, session)
     _finish(module, verdict(where, turns, params["min_hit_rate"], params["prefix_caching"]), session)
 
 
 def _finish(module: AnsibleModule, check: dict, session: str) -> None:
+    hit_rate = check["data"].get("hit_rate")
     if check["status"] == "fail" and module.params["fail_on_problem"]:
-        module.fail_json(msg=check["detail"], check=check, hit_rate=check["hit_rate"], session=session)
-    module.exit_json(changed=False, check=check, hit_rate=check["hit_rate"], session=session)
+        module.fail_json(msg=check["detail"], check=check, hit_rate=hit_rate, session=session)
+    module.exit_json(changed=False, check=check, hit_rate=hit_rate, session=session)
 
 
 if __name__ == "__main__":

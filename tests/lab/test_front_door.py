@@ -189,9 +189,9 @@ def test_verify_reports_the_prefix_cache_hit_rate_of_its_own_agent_session_throu
         print(f"verify's multi-turn probe (replica {replica}'s report): {check['detail']}")
         assert check["status"] == "pass", check
         # Three turns, each on one replica's cache: most of turns 2 and 3 came from it.
-        turns = check["turns"]
+        turns = check["data"]["turns"]
         assert len(turns) == 3 and turns[0]["prompt_tokens"] > 256, turns
-        assert check["hit_rate"] >= 0.5 and all(t["cached_tokens"] > 0 for t in turns[1:]), turns
+        assert check["data"]["hit_rate"] >= 0.5 and all(t["cached_tokens"] > 0 for t in turns[1:]), turns
 
 
 def replica_metrics(lab) -> dict[str, dict[str, float]]:

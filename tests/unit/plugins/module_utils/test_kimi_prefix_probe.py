@@ -60,14 +60,15 @@ def test_a_session_kept_on_one_replica_passes():
     turns = probe.run_session(PrefixCache().ask, "s", 3, first_words=200, new_words=10)
     check = probe.verdict("https://router:8443", turns, 0.5)
     assert check["status"] == "pass" and check["name"] == "prefix_cache https://router:8443"
-    assert check["hit_rate"] > 0.8 and "turns 2-3 of one session" in check["detail"]
-    assert len(check["turns"]) == 3 and set(check["turns"][0]) == {"prompt_tokens", "cached_tokens", "seconds"}
+    assert check["data"]["hit_rate"] > 0.8 and "turns 2-3 of one session" in check["detail"]
+    turns = check["data"]["turns"]
+    assert len(turns) == 3 and set(turns[0]) == {"prompt_tokens", "cached_tokens", "seconds"}
 
 
 def test_a_session_that_meets_no_cache_fails_naming_the_threshold_and_the_likely_causes():
     turns = probe.run_session(PrefixCache(forget=True).ask, "s", 3, first_words=200, new_words=10)
     check = probe.verdict("https://router:8443", turns, 0.5)
-    assert check["status"] == "fail" and check["hit_rate"] == 0
+    assert check["status"] == "fail" and check["data"]["hit_rate"] == 0
     assert "under verify_prefix_cache_min_hit_rate (50%)" in check["detail"]
     assert "kimi_router_session_header" in check["detail"] and "MLA" in check["detail"]
     # A threshold of 0 reports the rate and never fails on it.
