@@ -57,7 +57,9 @@ def stream_turn(
     sent = {"Content-Type": "application/json", "Authorization": f"Bearer {door.key}", **headers}
     connection = http.client.HTTPSConnection(door.address, door.port, context=door.context(), timeout=timeout)
     started = time.monotonic()
-    first_token, text, usage = None, [], None
+    first_token: float | None = None
+    text: list[str] = []
+    usage = None
     try:
         connection.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers=sent)
         reply = connection.getresponse()
@@ -68,10 +70,11 @@ def stream_turn(
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                if choice.get("text"):
-                    first_token = first_token or time.monotonic() - started
-                    text.append(choice["text"])
+            # The first chunk that carries a choice is the first token's, even when the token adds no text yet
+            # (part of a multi-byte character, or the end of the answer).
+            if chunk.get("choices") and first_token is None:
+                first_token = time.monotonic() - started
+            text += [choice.get("text") or "" for choice in chunk.get("choices") or []]
             usage = chunk.get("usage") or usage
     finally:
         connection.close()
