@@ -1,23 +1,29 @@
 #!/usr/bin/python3
-"""Fetch the checkpoint's files from the site's offline mirror with plain HTTP GETs (roles/checkpoint, air-gapped).
+"""Fetch the checkpoint's files as plain files over HTTP: from the site's offline mirror (air-gapped), or from the
+nodes that already hold it (download once per site; roles/checkpoint/tasks/peers.yml).
 
-Installed on a node by the checkpoint role and run by its download script (detached, like `hf download`) when the
-checkpoint comes from the bundle. It reads a JSON list the role wrote (each file's URL on the mirror, its path in
-the checkpoint directory and its size, from the bundle's manifest) and, for each file not yet there at its size,
-streams it into a partial file, continues an interrupted one with a Range request, and renames it into place once
-it has exactly the listed size. It does not hash: the role verifies every file's sha256 against the same manifest
-afterwards (kimi_checkpoint_verify), and deletes and fetches again what fails.
+Installed on a node by the checkpoint role and run by its download script (detached, like `hf download`). It reads
+a JSON list the role wrote: each file's path in the checkpoint directory, its size, its checksums where listed
+(sha256, git blob id) and its sources, in order: one URL (`url`: the mirror) or several (`urls`: every peer that
+holds the checkpoint, this node's own first). For each file not yet there at its size it streams the file into a
+partial file, continues an interrupted one with a Range request, and once the file has exactly the listed size and
+its listed checksum, renames it into place. A source that cannot give it (no answer, an HTTP error, a short or a
+corrupt file) is left for the next one; a corrupt partial is deleted first. Only when every source failed does the
+program end with status 3, naming each source's failure, so the role can fall back to the Hub with a warning.
 
-Why a program of its own and not `hf download`: the mirror serves the bundle's files as plain files (nginx), and a
-plain GET needs none of the Hub's protocol (docs/air-gapped.md). Why not curl or wget: a minimal node may have
-neither; python3 is there for Ansible. Partial files go where the role's progress report counts hf's own
-(`<dir>/.cache/huggingface/download/<path>.incomplete`), so progress and stall detection work the same.
+Why a program of its own and not `hf download`: the mirror and the peers (nginx) serve plain files, and a plain GET
+needs none of the Hub's protocol (docs/air-gapped.md, docs/checkpoint.md). Why not curl, wget or aria2: a minimal
+node may have none of them; python3 is there for Ansible, and the checksums the Hub lists include git blob ids that
+no download tool checks. Partial files go where the role's progress report counts hf's own
+(`<dir>/.cache/huggingface/download/<path>.incomplete`), so progress and stall detection work the same. The role
+verifies every file again afterwards (kimi_checkpoint_verify) before it writes the marker.
 
 Standard library only. Usage: kimi-checkpoint-fetch.py LIST.json DIR
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -27,13 +33,19 @@ from pathlib import Path
 
 PARTIAL_DIR = Path(".cache") / "huggingface" / "download"
 CHUNK = 8 << 20
+# Attempts per source; a peer that fails is left for the next one sooner than the only mirror.
 ATTEMPTS = 5
+PEER_ATTEMPTS = 2
 RETRY_SECONDS = 5
 TIMEOUT_SECONDS = 60
 
 
 class FetchError(Exception):
     """A file could not be fetched at its listed size; the message names it and why."""
+
+
+class EverySourceFailedError(FetchError):
+    """No source gave the file at its size and checksum: each source's failure, in the message."""
 
 
 def partial_path(directory: Path, path: str) -> Path:
@@ -62,32 +74,68 @@ def _append(url: str, partial: Path, size: int) -> None:
                     raise FetchError(f"{url} sent more than the listed {size} bytes")
 
 
-def fetch(url: str, directory: Path, path: str, size: int) -> bool:
-    """The file at `directory/path` with `size` bytes; False when it was there already, True when fetched."""
-    target = directory / path
-    if target.is_file() and not target.is_symlink() and target.stat().st_size == size:
-        return False
-    partial = partial_path(directory, path)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, ATTEMPTS + 1):
+def content_problem(partial: Path, sha256: str | None, git_oid: str | None) -> str | None:
+    """Why the fetched bytes are not the listed file (its sha256, or its git blob id), or None."""
+    if not sha256 and not git_oid:
+        return None
+    digest = hashlib.sha256() if sha256 else hashlib.sha1()  # git names a blob by its sha1
+    if not sha256:
+        digest.update(f"blob {partial.stat().st_size}\0".encode())
+    with partial.open("rb") as stream:
+        while block := stream.read(CHUNK):
+            digest.update(block)
+    wanted = sha256 or git_oid
+    return None if digest.hexdigest() == wanted else f"its {'sha256' if sha256 else 'git blob id'} is not {wanted}"
+
+
+def from_source(url: str, partial: Path, size: int, attempts: int) -> None:
+    """The file at its full size from one source, continuing the partial file; FetchError when it cannot."""
+    for attempt in range(1, attempts + 1):
         try:
             _append(url, partial, size)
         except (OSError, urllib.error.URLError) as error:
             if isinstance(error, urllib.error.HTTPError) and error.code < 500 and error.code != 429:
                 raise FetchError(f"{url} answered {error.code} {error.reason}") from None
-            if attempt == ATTEMPTS:
-                raise FetchError(f"{url}: {error} (after {ATTEMPTS} attempts)") from None
-            print(f"retrying {path} in {RETRY_SECONDS} s: {error}", flush=True)
+            if attempt == attempts:
+                raise FetchError(f"{url}: {error} (after {attempts} attempts)") from None
+            print(f"retrying {url} in {RETRY_SECONDS} s: {error}", flush=True)
             time.sleep(RETRY_SECONDS)
             continue
         if partial.stat().st_size == size:
-            break
-    got = partial.stat().st_size
-    if got != size:
-        raise FetchError(f"{url} gave {got} bytes, the manifest lists {size}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial.replace(target)
-    return True
+            return
+    got = partial.stat().st_size if partial.exists() else 0
+    raise FetchError(f"{url} gave {got} bytes, the list says {size}")
+
+
+def fetch(
+    urls: list[str], directory: Path, path: str, size: int, sha256: str | None = None, git_oid: str | None = None
+) -> bool:
+    """The file at `directory/path` with `size` bytes (and its checksum, when listed) from the first source that
+    gives it; False when it was there already, True when fetched."""
+    target = directory / path
+    if target.is_file() and not target.is_symlink() and target.stat().st_size == size:
+        return False
+    partial = partial_path(directory, path)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    attempts = ATTEMPTS if len(urls) == 1 else PEER_ATTEMPTS
+    failures = []
+    for url in urls:
+        try:
+            from_source(url, partial, size, attempts)
+        except FetchError as error:
+            failures.append(str(error))
+            continue
+        problem = content_problem(partial, sha256, git_oid)
+        if problem is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial.replace(target)
+            return True
+        partial.unlink()
+        failures.append(f"{url}: {problem} (deleted)")
+        print(f"{path} from {url}: {problem}; trying the next source", flush=True)
+    if len(urls) == 1:
+        raise FetchError(failures[0])
+    raise EverySourceFailedError(f"{path}: every source failed: " + "; ".join(failures))
 
 
 def main(argv: list[str]) -> int:
@@ -98,8 +146,14 @@ def main(argv: list[str]) -> int:
     directory = Path(argv[2])
     fetched = 0
     for item in listed:
+        urls = [str(url) for url in item.get("urls") or [item["url"]]]
         try:
-            fetched += fetch(str(item["url"]), directory, str(item["path"]), int(item["size"]))
+            fetched += fetch(
+                urls, directory, str(item["path"]), int(item["size"]), item.get("sha256"), item.get("git_oid")
+            )
+        except EverySourceFailedError as error:
+            print(f"Error: {error}", flush=True)
+            return 3
         except FetchError as error:
             print(f"Error: {error}", flush=True)
             return 1

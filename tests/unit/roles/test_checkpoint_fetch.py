@@ -1,8 +1,10 @@
-"""roles/checkpoint/files/kimi-checkpoint-fetch.py: the program that fetches an air-gapped bundle's checkpoint files
-from the offline mirror as plain files, against a loopback server that serves byte ranges as nginx does (or not)."""
+"""roles/checkpoint/files/kimi-checkpoint-fetch.py: the program that fetches the checkpoint's files as plain files,
+from an air-gapped bundle's offline mirror or from the peers that hold it, against a loopback server that serves
+byte ranges as nginx does (or not)."""
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import importlib.util
 import json
@@ -66,14 +68,14 @@ def mirror():
 
 
 def test_a_missing_file_is_fetched_and_renamed_into_place(mirror, tmp_path):
-    assert fetch.fetch(f"{mirror}/hf/r/resolve/s/model.bin", tmp_path, "sub/model.bin", len(DATA)) is True
+    assert fetch.fetch([f"{mirror}/hf/r/resolve/s/model.bin"], tmp_path, "sub/model.bin", len(DATA)) is True
     assert (tmp_path / "sub" / "model.bin").read_bytes() == DATA
     assert not fetch.partial_path(tmp_path, "sub/model.bin").exists()
 
 
 def test_a_file_there_at_its_size_is_not_asked_for(mirror, tmp_path):
     (tmp_path / "model.bin").write_bytes(DATA)
-    assert fetch.fetch(f"{mirror}/hf/x", tmp_path, "model.bin", len(DATA)) is False
+    assert fetch.fetch([f"{mirror}/hf/x"], tmp_path, "model.bin", len(DATA)) is False
     assert Mirror.requests == []
 
 
@@ -81,7 +83,7 @@ def test_a_cut_file_is_continued_with_a_range_request(mirror, tmp_path):
     partial = fetch.partial_path(tmp_path, "model.bin")
     partial.parent.mkdir(parents=True)
     partial.write_bytes(DATA[:1000])
-    fetch.fetch(f"{mirror}/hf/x", tmp_path, "model.bin", len(DATA))
+    fetch.fetch([f"{mirror}/hf/x"], tmp_path, "model.bin", len(DATA))
     assert Mirror.requests == ["bytes=1000-"]
     assert (tmp_path / "model.bin").read_bytes() == DATA
 
@@ -91,7 +93,7 @@ def test_a_server_that_ignores_the_range_starts_the_file_again(mirror, tmp_path)
     partial = fetch.partial_path(tmp_path, "model.bin")
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"x" * 1000)
-    fetch.fetch(f"{mirror}/hf/x", tmp_path, "model.bin", len(DATA))
+    fetch.fetch([f"{mirror}/hf/x"], tmp_path, "model.bin", len(DATA))
     assert (tmp_path / "model.bin").read_bytes() == DATA
 
 
@@ -107,13 +109,13 @@ def test_the_partial_file_is_where_the_roles_progress_counts(tmp_path):
     [
         ("/missing", len(DATA), "answered 404"),
         ("/hf/x", len(DATA) - 1, "sent more than the listed"),
-        ("/hf/x", len(DATA) + 5, f"gave {len(DATA)} bytes, the manifest lists {len(DATA) + 5}"),
+        ("/hf/x", len(DATA) + 5, f"gave {len(DATA)} bytes, the list says {len(DATA) + 5}"),
     ],
 )
 def test_a_file_it_cannot_get_at_its_size_is_named(mirror, tmp_path, monkeypatch, path, size, words):
     monkeypatch.setattr(fetch, "RETRY_SECONDS", 0)
     with pytest.raises(fetch.FetchError) as raised:
-        fetch.fetch(f"{mirror}{path}", tmp_path, "model.bin", size)
+        fetch.fetch([f"{mirror}{path}"], tmp_path, "model.bin", size)
     assert words in str(raised.value)
     assert not (tmp_path / "model.bin").exists()
 
@@ -135,3 +137,44 @@ def test_a_failure_ends_with_an_error_line_the_role_shows(mirror, tmp_path, caps
     listed.write_text(json.dumps([{"url": f"{mirror}/missing", "path": "a", "size": 1}]))
     assert fetch.main(["fetch", str(listed), str(tmp_path)]) == 1
     assert error_line(capsys.readouterr().out.splitlines()).startswith("Error: ")
+
+
+# ------------------------------------------------------------------------- several sources (the peers)
+
+SHA256 = hashlib.sha256(DATA).hexdigest()
+BLOB_ID = hashlib.sha1(f"blob {len(DATA)}\0".encode() + DATA).hexdigest()
+
+
+def test_a_source_that_cannot_give_the_file_is_left_for_the_next(mirror, tmp_path, monkeypatch):
+    monkeypatch.setattr(fetch, "RETRY_SECONDS", 0)
+    urls = ["http://127.0.0.1:9/hf/x", f"{mirror}/missing", f"{mirror}/hf/x"]
+    assert fetch.fetch(urls, tmp_path, "model.bin", len(DATA), sha256=SHA256) is True
+    assert (tmp_path / "model.bin").read_bytes() == DATA
+
+
+@pytest.mark.parametrize("listed", [{"sha256": "0" * 64}, {"git_oid": "0" * 40}])
+def test_a_corrupt_file_is_deleted_and_fetched_again_from_the_next_source(mirror, tmp_path, capsys, listed):
+    """The first source's bytes do not match the list: the partial goes, the second source is asked from byte 0."""
+    good = {"sha256": SHA256} if "sha256" in listed else {"git_oid": BLOB_ID}
+    with pytest.raises(fetch.EverySourceFailedError) as raised:
+        fetch.fetch([f"{mirror}/hf/a", f"{mirror}/hf/b"], tmp_path, "model.bin", len(DATA), **listed)
+    kind = "sha256" if "sha256" in listed else "git blob id"
+    assert str(raised.value).startswith("model.bin: every source failed: ")
+    assert str(raised.value).count(f"its {kind} is not {'0' * (64 if 'sha256' in listed else 40)} (deleted)") == 2
+    assert "trying the next source" in capsys.readouterr().out
+    assert not fetch.partial_path(tmp_path, "model.bin").exists() and not (tmp_path / "model.bin").exists()
+    Mirror.requests.clear()
+    assert fetch.fetch([f"{mirror}/hf/a"], tmp_path, "model.bin", len(DATA), **good) is True
+    assert Mirror.requests == [""]
+
+
+def test_every_source_failing_ends_with_status_3_so_the_role_falls_back_to_the_hub(
+    mirror, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(fetch, "RETRY_SECONDS", 0)
+    listed = tmp_path / "list.json"
+    item = {"urls": [f"{mirror}/missing", "http://127.0.0.1:9/x"], "path": "a", "size": len(DATA), "sha256": SHA256}
+    listed.write_text(json.dumps([item]))
+    assert fetch.main(["fetch", str(listed), str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert "Error: a: every source failed: " in out and "answered 404" in out and "http://127.0.0.1:9/x" in out
