@@ -6,10 +6,11 @@ Installed on a node by the checkpoint role and run by its download script (detac
 a JSON list the role wrote: each file's path in the checkpoint directory, its size, its checksums where listed
 (sha256, git blob id) and its sources, in order: one URL (`url`: the mirror) or several (`urls`: every peer that
 holds the checkpoint, this node's own first). For each file not yet there at its size it streams the file into a
-partial file, continues an interrupted one with a Range request, and once the file has exactly the listed size and
-its listed checksum, renames it into place. A source that cannot give it (no answer, an HTTP error, a short or a
-corrupt file) is left for the next one; a corrupt partial is deleted first. Only when every source failed does the
-program end with status 3, naming each source's failure, so the role can fall back to the Hub with a warning.
+partial file, continues an interrupted one with a Range request, and once the file has exactly the listed size (and,
+with several sources, its listed checksum), renames it into place. A source that cannot give it (no answer, an HTTP
+error, a short or a corrupt file) is left for the next one; a corrupt partial is deleted first. Only when every
+source failed does the program end with status 3, naming each source's failure, so that a caller can fall back to
+the Hub with a warning.
 
 Why a program of its own and not `hf download`: the mirror and the peers (nginx) serve plain files, and a plain GET
 needs none of the Hub's protocol (docs/air-gapped.md, docs/checkpoint.md). Why not curl, wget or aria2: a minimal
@@ -125,7 +126,9 @@ def fetch(
         except FetchError as error:
             failures.append(str(error))
             continue
-        problem = content_problem(partial, sha256, git_oid)
+        # With one source there is no other to turn to: the role's verification after the fetch judges the file
+        # (hashing it here too would read every byte twice).
+        problem = content_problem(partial, sha256, git_oid) if len(urls) > 1 else None
         if problem is None:
             target.parent.mkdir(parents=True, exist_ok=True)
             partial.replace(target)
