@@ -253,6 +253,27 @@ K2_INT4 = Quantization(
     ),
 )
 
+
+def _k25_family(name: str, checkpoint_bytes: int, source: str) -> ModelSpec:
+    """K2.5, K2.6 and K2.7-Code: one architecture (vLLM recipes, models/moonshotai/Kimi-K2.7-Code.yaml: "shares the
+    same architecture as Kimi-K2.5 / Kimi-K2.6"): KimiK25ForConditionalGeneration, the DeepSeek-V3 text tower under
+    text_config, MoonViT, native INT4 routed experts as K2-Thinking, 262,144 positions (each recipe's
+    context_length). K2.5's and K2.6's checkpoint bytes are the 64 files' tensor payload, model.safetensors.index
+    .json's total_size (595,148,192,736 for K2.6; an audit of the three checkpoints' headers gives the same payload
+    for K2.5): the files are about 30 MB larger with their JSON headers (K2.7-Code's file sum), far inside
+    preflight's disk margin."""
+    return ModelSpec(
+        name=name,
+        repo_id=f"moonshotai/{name}",
+        max_position_embeddings=262144,
+        quantization=K2_INT4,
+        vision_params=MOONVIT_PARAMS,
+        checkpoint_bytes=checkpoint_bytes,
+        source=source,
+        **_kimi_k2_architecture(),
+    )
+
+
 MODEL_PRESETS: dict[str, ModelSpec] = {
     "Kimi-K2-Instruct": ModelSpec(
         name="Kimi-K2-Instruct",
@@ -278,45 +299,21 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         source="moonshotai/Kimi-K2-Thinking config.json (compressed-tensors INT4 experts, 256K context)",
         **_kimi_k2_architecture(),
     ),
-    # K2.5 and K2.6 are K2.7-Code's architecture (vLLM recipes, models/moonshotai/Kimi-K2.7-Code.yaml: "shares the
-    # same architecture as Kimi-K2.5 / Kimi-K2.6"): KimiK25ForConditionalGeneration, the DeepSeek-V3 text tower under
-    # text_config, MoonViT, native INT4 routed experts as K2-Thinking, 262,144 positions (each recipe's
-    # context_length). Their checkpoint is the 64 files' tensor payload, model.safetensors.index.json's total_size
-    # (595,148,192,736 for K2.6; an audit of the three checkpoints' headers gives the same payload for K2.5): the
-    # files themselves are about 30 MB larger with their JSON headers (K2.7-Code's file sum below), far inside
-    # preflight's disk margin.
-    "Kimi-K2.5": ModelSpec(
-        name="Kimi-K2.5",
-        repo_id="moonshotai/Kimi-K2.5",
-        max_position_embeddings=262144,
-        quantization=K2_INT4,
-        vision_params=MOONVIT_PARAMS,
-        checkpoint_bytes=595_148_192_736,
-        source="moonshotai/Kimi-K2.5 (K2.7-Code's architecture per the vLLM recipe; INT4 experts; 256K context)",
-        **_kimi_k2_architecture(),
+    "Kimi-K2.5": _k25_family(
+        "Kimi-K2.5",
+        595_148_192_736,
+        "moonshotai/Kimi-K2.5 (K2.7-Code's architecture per the vLLM recipe; INT4 experts; 256K context)",
     ),
-    "Kimi-K2.6": ModelSpec(
-        name="Kimi-K2.6",
-        repo_id="moonshotai/Kimi-K2.6",
-        max_position_embeddings=262144,
-        quantization=K2_INT4,
-        vision_params=MOONVIT_PARAMS,
-        checkpoint_bytes=595_148_192_736,
-        source="moonshotai/Kimi-K2.6 (K2.7-Code's architecture per the vLLM recipe; index total_size 595,148,192,736)",
-        **_kimi_k2_architecture(),
+    "Kimi-K2.6": _k25_family(
+        "Kimi-K2.6",
+        595_148_192_736,
+        "moonshotai/Kimi-K2.6 (K2.7-Code's architecture per the vLLM recipe; index total_size 595,148,192,736)",
     ),
-    "Kimi-K2.7-Code": ModelSpec(
-        name="Kimi-K2.7-Code",
-        repo_id="moonshotai/Kimi-K2.7-Code",
-        max_position_embeddings=262144,
-        quantization=K2_INT4,
-        vision_params=MOONVIT_PARAMS,
-        # Sum of the 64 safetensors files of moonshotai/Kimi-K2.7-Code, as the RTX PRO 6000 guide reports it.
-        checkpoint_bytes=595_177_988_208,
-        source=(
-            "moonshotai/Kimi-K2.7-Code (K2.5 architecture + MoonViT; INT4 experts as K2-Thinking; RTX PRO 6000 guide)"
-        ),
-        **_kimi_k2_architecture(),
+    # The sum of the 64 safetensors files of moonshotai/Kimi-K2.7-Code, as the RTX PRO 6000 guide reports it.
+    "Kimi-K2.7-Code": _k25_family(
+        "Kimi-K2.7-Code",
+        595_177_988_208,
+        "moonshotai/Kimi-K2.7-Code (K2.5 architecture + MoonViT; INT4 experts as K2-Thinking; RTX PRO 6000 guide)",
     ),
 }
 
