@@ -1084,40 +1084,36 @@ def firewall_problems(values: Mapping[str, Any]) -> list[Problem]:
 PROBE_TURNS_MAX = 20
 
 
+# verify's probe settings: (default, parser, accepted, what an accepted value is).
+VERIFY_PROBE_SETTINGS: dict[str, tuple[Any, Callable[[Any], Any], Callable[[Any], bool], str]] = {
+    "verify_prefix_probe_turns": (
+        3,
+        as_int,
+        lambda turns: turns == 0 or 2 <= turns <= PROBE_TURNS_MAX,
+        f"0 (no multi-turn probe) or 2 to {PROBE_TURNS_MAX} turns (the first turn has nothing of its own to meet in "
+        "the cache)",
+    ),
+    "verify_prefix_probe_words": (
+        800,
+        as_int,
+        lambda words: 16 <= words <= 100_000,
+        "16 to 100000 words in the probe's first prompt",
+    ),
+    "verify_prefix_cache_min_hit_rate": (
+        0.5,
+        as_float,
+        lambda rate: 0 <= rate <= 1,
+        "a share from 0 (report only) to 1 of the probe's later prompt tokens that must come from the prefix cache",
+    ),
+}
+
+
 def verify_problems(values: Mapping[str, Any]) -> list[Problem]:
     problems = []
-    turns = as_int(values.get("verify_prefix_probe_turns", 3))
-    if turns is None or turns == 1 or not 0 <= turns <= PROBE_TURNS_MAX:
-        problems.append(
-            Problem(
-                "verify_prefix_probe_turns",
-                "verify",
-                f"is {values.get('verify_prefix_probe_turns')!r}: 0 (no multi-turn probe) or 2 to {PROBE_TURNS_MAX} "
-                "turns (the first turn has nothing of its own to meet in the cache)",
-                "roles/verify/README.md",
-            )
-        )
-    words = as_int(values.get("verify_prefix_probe_words", 800))
-    if words is None or not 16 <= words <= 100_000:
-        problems.append(
-            Problem(
-                "verify_prefix_probe_words",
-                "verify",
-                f"is {values.get('verify_prefix_probe_words')!r}: 16 to 100000 words in the probe's first prompt",
-                "roles/verify/README.md",
-            )
-        )
-    rate = as_float(values.get("verify_prefix_cache_min_hit_rate", 0.5))
-    if rate is None or not 0 <= rate <= 1:
-        problems.append(
-            Problem(
-                "verify_prefix_cache_min_hit_rate",
-                "verify",
-                f"is {values.get('verify_prefix_cache_min_hit_rate')!r}: a share from 0 (report only) to 1 of the "
-                "probe's later prompt tokens that must come from the prefix cache",
-                "roles/verify/README.md",
-            )
-        )
+    for name, (default, parse, accepted, what) in VERIFY_PROBE_SETTINGS.items():
+        number = parse(values.get(name, default))
+        if number is None or not accepted(number):
+            problems.append(Problem(name, "verify", f"is {values.get(name)!r}: {what}", "roles/verify/README.md"))
     return problems
 
 
