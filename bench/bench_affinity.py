@@ -27,7 +27,8 @@ def mode_line(mode: str, figures: dict) -> str:
     )
     rate = figures["hit_rate_after_first_turn"]
     return (
-        f"  {mode}: hit rate after the first turn {rate:.0%}, TTFT mean {figures['ttft_mean_s'] * 1000:.0f} ms, "
+        f"  {mode}: hit rate after the first turn {rate:.0%} ({figures['later_turns_without_a_hit']} of "
+        f"{figures['later_turns']} later turns without a hit), TTFT mean {figures['ttft_mean_s'] * 1000:.0f} ms, "
         f"p99 {figures['ttft_p99_s'] * 1000:.0f} ms (turns after the first: mean "
         f"{figures['ttft_mean_after_first_turn_s'] * 1000:.0f} ms, p99 "
         f"{figures['ttft_p99_after_first_turn_s'] * 1000:.0f} ms); {replicas}"

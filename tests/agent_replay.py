@@ -170,6 +170,8 @@ def summary(results: list[TurnResult], per_replica: Mapping[str, Mapping[str, fl
     return {
         "requests": len(results),
         "hit_rate_after_first_turn": round(cached / prompt, 4) if prompt else None,
+        "later_turns": len(later),
+        "later_turns_without_a_hit": sum(1 for r in later if r.cached_tokens == 0),
         "ttft_mean_s": round(statistics.fmean(r.ttft_s for r in results), 4),
         "ttft_p99_s": round(p99([r.ttft_s for r in results]), 4),
         "ttft_mean_after_first_turn_s": round(statistics.fmean(r.ttft_s for r in later), 4),
