@@ -51,6 +51,24 @@ def new_text(session: str, turn: int, words: int) -> str:
     return " ".join(draw.choice(WORDS) for _ in range(words))
 
 
+# Tokens per word the sizing below assumes: above what tokenizers give for these words (the lab's miniature
+# tokenizer: 1.7; Kimi's: about 1), so the session's last turn stays inside the context.
+TOKENS_PER_WORD = 2
+
+
+def words_within(max_model_len: int, turns: int, first_words: int, new_words: int, max_tokens: int) -> tuple[int, int]:
+    """(first_words, new_words), scaled down together when the session's last turn (every prompt's words, the
+    answers and the last answer) could exceed max_model_len tokens; 0 means no limit."""
+    if max_model_len <= 0:
+        return first_words, new_words
+    words = first_words + (turns - 1) * new_words
+    room = max_model_len - turns * max_tokens - 16  # the answers, and the session's name and line breaks
+    if words * TOKENS_PER_WORD <= room:
+        return first_words, new_words
+    scale = max(room, 0) / (words * TOKENS_PER_WORD)
+    return max(int(first_words * scale), 1), max(int(new_words * scale), 1)
+
+
 def first_prompt(session: str, words: int) -> str:
     """The session's first prompt. It starts with the session's name, so no earlier session's cache matches it:
     a later turn's hits can only come from this session's own earlier turns."""

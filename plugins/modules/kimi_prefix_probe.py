@@ -53,6 +53,12 @@ options:
     description: Tokens per answer.
     type: int
     default: 16
+  max_model_len:
+    description: >-
+      The served context (kimi_max_model_len): I(first_words) and I(new_words) shrink together so that the last
+      turn fits, at two tokens per word. 0 - no limit.
+    type: int
+    default: 0
   min_hit_rate:
     description: The smallest share of the later turns' prompt tokens that must come from the cache (0 to 1).
     type: float
@@ -130,6 +136,7 @@ from ansible_collections.kimi.k2.plugins.module_utils.kimi_prefix_probe import (
     ProbeAnswerError,
     run_session,
     verdict,
+    words_within,
 )
 
 
@@ -179,6 +186,7 @@ def main() -> None:
             "first_words": {"type": "int", "default": 800},
             "new_words": {"type": "int", "default": 40},
             "max_tokens": {"type": "int", "default": 16},
+            "max_model_len": {"type": "int", "default": 0},
             "min_hit_rate": {"type": "float", "default": 0.5},
             "prefix_caching": {"type": "bool", "default": True},
             "ca_path": {"type": "path"},
@@ -200,9 +208,11 @@ def main() -> None:
     turns = []
     if params["prefix_caching"]:
         try:
-            turns = run_session(
-                _asker(module, session), session, params["turns"], params["first_words"], params["new_words"]
-            )
+            first_words, new_words = words_within(
+                params["max_model_len"], params["turns"], params["first_words"], params["new_words"],
+                params["max_tokens"],
+            )  # fmt: skip
+            turns = run_session(_asker(module, session), session, params["turns"], first_words, new_words)
         except (RouterAnswerError, ProbeAnswerError) as error:
             check = {"name": f"prefix_cache {where}", "status": "fail", "detail": str(error), "data": {}}
             _finish(module, check, session)

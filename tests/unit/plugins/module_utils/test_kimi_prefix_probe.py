@@ -87,3 +87,12 @@ def test_answers_without_cached_counts_fail_naming_the_flag_and_prefix_caching_o
 def test_an_answer_that_is_not_a_completion_is_refused(answer):
     with pytest.raises(probe.ProbeAnswerError, match="not a completion with usage"):
         probe.turn_of(answer, 0.1)
+
+
+def test_the_session_shrinks_to_fit_the_served_context_and_is_left_alone_when_it_fits():
+    # The lab's context: 800 + 2 x 40 words at two tokens a word fit 2,048 tokens with three 16-token answers.
+    assert probe.words_within(2048, 3, 800, 40, 16) == (800, 40)
+    assert probe.words_within(0, 20, 100_000, 5_000, 16) == (100_000, 5_000)
+    first, new = probe.words_within(1024, 3, 800, 40, 16)
+    assert (first, new) == (436, 21)
+    assert (first + 2 * new) * probe.TOKENS_PER_WORD + 3 * 16 + 16 <= 1024

@@ -116,3 +116,12 @@ def test_bad_options_are_refused_by_name_before_anything_is_sent(tmp_path, stand
         ok, refused = run_module(tmp_path, "kimi_prefix_probe", args(stand_in, **extra))
         assert not ok and refused["msg"].startswith(words)
     assert stand_in.requests == []
+
+
+def test_the_session_is_sized_to_the_served_context(tmp_path, stand_in):
+    sized = args(stand_in, first_words=800, new_words=40, max_model_len=1024)
+    ok, result = run_module(tmp_path, "kimi_prefix_probe", sized)
+    assert ok, result
+    # 436 words, then 21 a turn (words_within): the first prompt is the session's name and 436 words.
+    first = stand_in.requests[0]["body"]["prompt"]
+    assert len(first.split("\n", 1)[1].split()) == 436
