@@ -690,7 +690,7 @@ def test_nginx_serves_the_layout_as_plain_files_to_the_fetch_program(lab_build, 
             assert not {name.lower() for name in headers} & HUB_HEADERS, (path, headers)
         missing = kbc.file_url(mirror_url, repo_id, revision, "nope.bin")
         with pytest.raises(program.FetchError, match=r"answered 404 Not Found$"):
-            program.fetch(missing, tmp_path / "other", "nope.bin", 1)
+            program.fetch([missing], tmp_path / "other", "nope.bin", 1)
         # Read-only: GET and HEAD, nothing else.
         for method in ("POST", "PUT", "DELETE"):
             status, _, _ = nginx.ask(uri[largest.path], method)
