@@ -124,9 +124,18 @@ def hit_rate(turns: Sequence[Turn]) -> float | None:
     return share[0] / share[1]
 
 
+def check_name(where: str) -> str:
+    return f"prefix_cache {where}"
+
+
+def unanswered(where: str, why: str) -> dict[str, Any]:
+    """The check for a router whose session broke off (an HTTP error, an answer that is no completion)."""
+    return _check(check_name(where), "fail", why, [])
+
+
 def verdict(where: str, turns: Sequence[Turn], min_hit_rate: float, prefix_caching: bool = True) -> dict[str, Any]:
     """The verify report's check for one router: the session's hit rate against min_hit_rate."""
-    name = f"prefix_cache {where}"
+    name = check_name(where)
     if not prefix_caching:
         return _check(name, "skip", "kimi_prefix_caching is false: vLLM runs with --no-enable-prefix-caching", turns)
     share = cached_share(turns)

@@ -135,6 +135,7 @@ from ansible.module_utils.urls import fetch_url
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_prefix_probe import (
     ProbeAnswerError,
     run_session,
+    unanswered,
     verdict,
     words_within,
 )
@@ -214,8 +215,7 @@ def main() -> None:
             )  # fmt: skip
             turns = run_session(_asker(module, session), session, params["turns"], first_words, new_words)
         except (RouterAnswerError, ProbeAnswerError) as error:
-            check = {"name": f"prefix_cache {where}", "status": "fail", "detail": str(error), "data": {}}
-            _finish(module, check, session)
+            _finish(module, unanswered(where, str(error)), session)
     _finish(module, verdict(where, turns, params["min_hit_rate"], params["prefix_caching"]), session)
 
 

@@ -76,7 +76,9 @@ def _append(url: str, partial: Path, size: int) -> None:
 
 
 def content_problem(partial: Path, sha256: str | None, git_oid: str | None) -> str | None:
-    """Why the fetched bytes are not the listed file (its sha256, or its git blob id), or None."""
+    """Why the fetched bytes are not the listed file (its sha256, or its git blob id), or None. The same rule as
+    kimi_checkpoint.content_problem, which the role's verification runs: this program runs alone on the node with
+    the standard library, so it cannot import the collection's module_utils."""
     if not sha256 and not git_oid:
         return None
     digest = hashlib.sha256() if sha256 else hashlib.sha1()  # git names a blob by its sha1
