@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("target", nargs="?", default="all", choices=BUILD_TARGETS)
     build.set_defaults(func=cmd_build)
 
+    bulk = commands.add_parser(
+        "bulk-checkpoint", help="build (or reuse) a checkpoint of N GiB of random shards for olah to serve"
+    )
+    bulk.add_argument("--gib", required=True, help="the shards' total size in GiB (e.g. 2 or 0.5)")
+    bulk.set_defaults(func=cmd_bulk_checkpoint)
+
     data_size = commands.add_parser("data-size", help="resize a node's /data (e.g. to make a disk check fail)")
     data_size.add_argument("node")
     data_size.add_argument("size", help="e.g. 64M, 2G")
@@ -477,6 +483,41 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
         for kind, result in serve.build_mirrors(settings.cache, kinds).items():
             print(f"mirror {kind}: {json.dumps(result, default=str, sort_keys=True)}")
     return 0
+
+
+def cmd_bulk_checkpoint(args: argparse.Namespace, settings: Settings) -> int:
+    """Print the bulk checkpoint's manifest as JSON on stdout (progress and the olah check go to stderr)."""
+    bulk = serve.mirrors_module("hf_bulk")
+    try:
+        gib = bulk.parse_gib(args.gib)
+    except ValueError as error:
+        raise LabError(str(error), exit_code=2) from None
+    require_root()
+    # No lab lock: this only writes its own cache kind, which _cache.cached_build locks, so it may run while
+    # other lab commands (or a timing test on the running lab) go on.
+    started = time.monotonic()
+    try:
+        result = bulk.build(settings.cache, gib)
+    except RuntimeError as error:  # MirrorBuildError: its message names the failing step
+        raise LabError(f"bulk checkpoint could not be built: {error}") from error
+    print(f"lab: {result['repo_id']} ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    print(served_note(StatePaths(settings.state), result), file=sys.stderr)
+    print(json.dumps({k: result[k] for k in ("repo_id", "revision", "files", "total_bytes", "mirrors_path")}, indent=2))
+    return 0
+
+
+def served_note(paths: StatePaths, result: dict) -> str:
+    """Whether the running lab's olah answers for the new revision (an olah started before its config listed
+    the bulk directory would not)."""
+    record = LabRecord.load(paths)
+    if record is None or not record.ready:
+        return "lab: no lab is up; `lab/lab up N` serves it from olah"
+    if not net.link_exists(BRIDGE) or not net.link_is_up(BRIDGE):
+        return f"lab: the lab is up without {BRIDGE}: olah not checked (`lab/lab down`, `lab/lab up N`)"
+    endpoint = f"http://{HOST_ADDRESS}:{record.hf_port}"
+    if _http_ok(f"{endpoint}/api/models/{result['repo_id']}/revision/{result['revision']}"):
+        return f"lab: served by olah at {endpoint} (HF_ENDPOINT)"
+    return f"lab: olah at {endpoint} does not serve it: restart the lab (`lab/lab down`, `lab/lab up N`)"
 
 
 def cmd_data_size(args: argparse.Namespace, settings: Settings) -> int:

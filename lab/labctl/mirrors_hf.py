@@ -17,6 +17,7 @@ import json
 import os
 import struct
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from labctl import _cache
@@ -106,13 +107,16 @@ def repo_dir(mirrors_path: Path) -> Path:
     return mirrors_path / "models" / REPO_ORG / REPO_NAME
 
 
-def commit_repository(repo: Path) -> str:
-    """`git init` + one commit of everything in `repo` with the fixed identity; returns the commit sha."""
+def commit_repository(repo: Path, message: str = COMMIT_MESSAGE, git_options: Sequence[str] = ()) -> str:
+    """`git init` + one commit of everything in `repo` with the fixed identity; returns the commit sha.
+
+    `git_options` are extra `-c name=value` pairs (the bulk checkpoint turns compression off with them).
+    """
     env = {**os.environ, **COMMIT_ENV, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
-    git = ["git", "-C", str(repo), "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false"]
+    git = ["git", "-C", str(repo), "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false", *git_options]
     _cache.run([*git, "init", "-q", "-b", "main"], env=env, what="git init (checkpoint)")
     _cache.run([*git, "add", "-A"], env=env, what="git add (checkpoint)")
-    _cache.run([*git, "commit", "-q", "-m", COMMIT_MESSAGE], env=env, what="git commit (checkpoint)")
+    _cache.run([*git, "commit", "-q", "-m", message], env=env, what="git commit (checkpoint)")
     return _cache.run([*git, "rev-parse", "HEAD"], env=env, what="git rev-parse").stdout.strip()
 
 
@@ -235,13 +239,15 @@ def _toml_string(value: str) -> str:
     return json.dumps(value)  # a JSON string literal is a valid TOML basic string
 
 
-def olah_config(mirrors_path: Path, host: str, port: int, repos_path: Path) -> str:
-    """olah 0.5.4 TOML config: offline, serving the git repositories under `mirrors_path`.
+def olah_config(mirrors_path: Path | Sequence[Path], host: str, port: int, repos_path: Path) -> str:
+    """olah 0.5.4 TOML config: offline, serving the git repositories under `mirrors_path` (one directory, or
+    several: the lab adds the bulk checkpoints' directory, labctl.mirrors_hf_bulk).
 
     Start it with `OLAH_PYTHON -m olah.server --config FILE --log-path DIR` (olah-cli takes the same
     arguments; the log directory is a command-line option only). `repos_path` is olah's own cache folder.
     """
     netloc = f"{host}:{port}"
+    mirrors = [mirrors_path] if isinstance(mirrors_path, str | os.PathLike) else list(mirrors_path)
     lines = [
         "# Written by labctl.mirrors_hf: olah in offline mode serves only the local mirrors below.",
         "[basic]",
@@ -252,7 +258,7 @@ def olah_config(mirrors_path: Path, host: str, port: int, repos_path: Path) -> s
         f"mirror-netloc = {_toml_string(netloc)}",
         f"mirror-lfs-netloc = {_toml_string(netloc)}",
         f"repos-path = {_toml_string(str(repos_path))}",
-        f"mirrors-path = [{_toml_string(str(mirrors_path))}]",
+        f"mirrors-path = [{', '.join(_toml_string(str(path)) for path in mirrors)}]",
         "",
         "[accessibility]",
         "offline = true",

@@ -5,7 +5,8 @@ Static HTTP (python's http.server) serves a document root of symlinks into the m
   /apt/debian  (the Debian packages nodes may install; nodes have no other Debian source)
   /wheels/     (the wheelhouse, for pip --no-index --find-links; its index.html names each wheel's PEP 658
                metadata, as PyPI does, so a dry-run resolve downloads no wheel: labctl/wheel_index.py)
-olah, in offline mode, serves the miniature checkpoint as a Hugging Face endpoint.
+olah, in offline mode, serves the miniature checkpoint as a Hugging Face endpoint, and the bulk checkpoints
+(`lab/lab bulk-checkpoint`) from a second mirrors path.
 """
 
 from __future__ import annotations
@@ -155,8 +156,12 @@ def start_servers(paths: StatePaths, settings: Settings, hf: dict) -> None:
         paths.serve_dir,
     )
 
+    # olah looks for a repository under its mirrors paths on every request, so listing the bulk checkpoints'
+    # directory (mirrors_hf_bulk) now serves those that `lab/lab bulk-checkpoint` builds after `up`.
+    bulk_root = mirrors_module("hf_bulk").served_root(settings.cache)
+    bulk_root.mkdir(parents=True, exist_ok=True)
     config_text = mirrors_module("hf").olah_config(
-        Path(hf["mirrors_path"]), HOST_ADDRESS, settings.hf_port, paths.serve_dir / "olah-repos"
+        [Path(hf["mirrors_path"]), bulk_root], HOST_ADDRESS, settings.hf_port, paths.serve_dir / "olah-repos"
     )
     config = paths.serve_dir / "olah.toml"
     config.write_text(config_text)

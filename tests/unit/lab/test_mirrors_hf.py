@@ -38,6 +38,13 @@ def test_olah_config_is_offline_and_serves_the_mirrors(tmp_path):
     assert basic["mirror-netloc"] == basic["mirror-lfs-netloc"] == "198.18.0.1:8090"
 
 
+def test_olah_config_lists_several_mirrors_paths_in_order(tmp_path):
+    # The lab's olah serves the miniature and the bulk checkpoints' directory (labctl.mirrors_hf_bulk).
+    paths = [tmp_path / "hf" / "mirrors", tmp_path / "hf-bulk" / "mirrors"]
+    parsed = tomllib.loads(mirrors_hf.olah_config(paths, "198.18.0.1", 8090, tmp_path / "repos"))
+    assert parsed["basic"]["mirrors-path"] == [str(p) for p in paths]
+
+
 def test_repository_layout_is_what_olah_offline_mode_looks_for(tmp_path):
     assert mirrors_hf.repo_dir(tmp_path) == tmp_path / "models" / "kimi-lab" / "Kimi-K2-mini"
     assert mirrors_hf.REPO_ID == "kimi-lab/Kimi-K2-mini"
