@@ -36,7 +36,7 @@ PYTHON_VERSION = "vllm_python_version"
 PLATFORMS = "vllm_platforms"
 DEB_PINS = "kimi_deb_pins"
 # Roles that pin their debs per release ({bookworm: {nftables: ...}}); only those the caller passes are read.
-RELEASE_DEB_PINS = ("firewall_deb_pins", "monitoring_deb_pins", "router_deb_pins", "offline_mirror_deb_pins")
+RELEASE_DEB_PINS = ("firewall_deb_pins", "monitoring_deb_pins", "router_deb_pins", "kimi_nginx_deb_pins")
 # The roles' own pins that hold for every release: the driver and its fabric manager at the driver's version
 # (roles/nvidia_driver), NVIDIA's DCGM exporter and its core (roles/monitoring), from NVIDIA's repository.
 ROLE_DEB_PINS = ("nvidia_driver_pins", "monitoring_dcgm_pins")

@@ -171,6 +171,7 @@ KIMI_PORTS = {
     "kimi_dcgm_exporter_port": 9400,
     "kimi_router_port": 443,
     "kimi_offline_mirror_port": 8081,
+    "kimi_checkpoint_peer_port": 29700,
 }
 # The roles' own port variables before every port moved to the kimi role: an inventory that still sets one would
 # move a unit's flag and not the firewall rule (or the other way round), so it is refused, naming its successor.
@@ -213,6 +214,7 @@ RETIRED_VARIABLES = {
     "verify_expected_auto_tool_choice": "kimi_enable_auto_tool_choice",
     "vllm_version": "kimi_vllm_version",
     "vllm_pip_pins": "kimi_vllm_pip_pins",
+    "offline_mirror_deb_pins": "kimi_nginx_deb_pins",
     "vllm_pip_overrides": "kimi_vllm_pip_overrides",
     "nvidia_driver_branch": "kimi_nvidia_driver_branch",
     "nvidia_driver_version": "kimi_nvidia_driver_version",

@@ -40,6 +40,7 @@ def test_every_service_port_the_rules_name_is_a_kimi_port():
         "kimi_api_port",
         "kimi_router_port",
         "kimi_offline_mirror_port",
+        "kimi_checkpoint_peer_port",
         "kimi_node_exporter_port",
         "kimi_dcgm_exporter_port",
         "kimi_prometheus_port",
