@@ -1,16 +1,17 @@
 #!/usr/bin/python3
 """Fetch the checkpoint's files as plain files over HTTP: from the site's offline mirror (air-gapped), or from the
-nodes that already hold it (download once per site; roles/checkpoint/tasks/peers.yml).
+nodes that already hold it (download once per site; roles/checkpoint/tasks/spread.yml).
 
 Installed on a node by the checkpoint role and run by its download script (detached, like `hf download`). It reads
 a JSON list the role wrote: each file's path in the checkpoint directory, its size, its checksums where listed
-(sha256, git blob id) and its sources, in order: one URL (`url`: the mirror) or several (`urls`: every peer that
+(sha256, git blob id) and its sources, in order: one URL (`url`: the mirror) or the peers' (`urls`: every node that
 holds the checkpoint, this node's own first). For each file not yet there at its size it streams the file into a
 partial file, continues an interrupted one with a Range request, and once the file has exactly the listed size (and,
-with several sources, its listed checksum), renames it into place. A source that cannot give it (no answer, an HTTP
+from peers, its listed checksum), renames it into place. A source that cannot give it (no answer, an HTTP
 error, a short or a corrupt file) is left for the next one; a corrupt partial is deleted first. Only when every
-source failed does the program end with status 3, naming each source's failure, so that a caller can fall back to
-the Hub with a warning.
+source failed for a file does the program go on without it, and end with status 3, naming each source's failure
+and listing those files in fetch-failed.json beside the list, so that the role fetches them from the Hub with a
+warning.
 
 Why a program of its own and not `hf download`: the mirror and the peers (nginx) serve plain files, and a plain GET
 needs none of the Hub's protocol (docs/air-gapped.md, docs/checkpoint.md). Why not curl, wget or aria2: a minimal
@@ -111,16 +112,24 @@ def from_source(url: str, partial: Path, size: int, attempts: int) -> None:
 
 
 def fetch(
-    urls: list[str], directory: Path, path: str, size: int, sha256: str | None = None, git_oid: str | None = None
+    urls: list[str],
+    directory: Path,
+    path: str,
+    size: int,
+    sha256: str | None = None,
+    git_oid: str | None = None,
+    peers: bool = False,
 ) -> bool:
     """The file at `directory/path` with `size` bytes (and its checksum, when listed) from the first source that
-    gives it; False when it was there already, True when fetched."""
+    gives it; False when it was there already, True when fetched. From peers (`peers`, or several sources) each
+    file's checksum is checked before it is kept, and every source failing is EverySourceFailedError."""
     target = directory / path
     if target.is_file() and not target.is_symlink() and target.stat().st_size == size:
         return False
     partial = partial_path(directory, path)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    attempts = ATTEMPTS if len(urls) == 1 else PEER_ATTEMPTS
+    peers = peers or len(urls) > 1
+    attempts = PEER_ATTEMPTS if peers else ATTEMPTS
     failures = []
     for url in urls:
         try:
@@ -128,9 +137,10 @@ def fetch(
         except FetchError as error:
             failures.append(str(error))
             continue
-        # With one source there is no other to turn to: the role's verification after the fetch judges the file
-        # (hashing it here too would read every byte twice).
-        problem = content_problem(partial, sha256, git_oid) if len(urls) > 1 else None
+        # From the mirror there is no other source to turn to: the role's verification after the fetch judges the
+        # file (hashing it here too would read every byte twice). A peer's file is checked here, so that a bad one
+        # is fetched from the next peer, or from the Hub, rather than kept.
+        problem = content_problem(partial, sha256, git_oid) if peers else None
         if problem is None:
             target.parent.mkdir(parents=True, exist_ok=True)
             partial.replace(target)
@@ -138,31 +148,50 @@ def fetch(
         partial.unlink()
         failures.append(f"{url}: {problem} (deleted)")
         print(f"{path} from {url}: {problem}; trying the next source", flush=True)
-    if len(urls) == 1:
+    if not peers:
         raise FetchError(failures[0])
     raise EverySourceFailedError(f"{path}: every source failed: " + "; ".join(failures))
+
+
+def failed_list(listed: Path) -> Path:
+    """Where the paths every source failed for are written, beside the list (the role fetches those from the Hub)."""
+    return listed.with_name("fetch-failed.json")
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("Error: usage: kimi-checkpoint-fetch.py LIST.json DIR", file=sys.stderr)
         return 2
-    listed = json.loads(Path(argv[1]).read_text())
+    listing = Path(argv[1])
+    listed = json.loads(listing.read_text())
     directory = Path(argv[2])
+    failed_list(listing).unlink(missing_ok=True)
     fetched = 0
+    failed: list[str] = []
     for item in listed:
         urls = [str(url) for url in item.get("urls") or [item["url"]]]
         try:
             fetched += fetch(
-                urls, directory, str(item["path"]), int(item["size"]), item.get("sha256"), item.get("git_oid")
+                urls,
+                directory,
+                str(item["path"]),
+                int(item["size"]),
+                item.get("sha256"),
+                item.get("git_oid"),
+                peers="urls" in item,
             )
         except EverySourceFailedError as error:
+            # The other files may still come from the peers: only this one goes to the Hub.
             print(f"Error: {error}", flush=True)
-            return 3
+            failed.append(str(item["path"]))
         except FetchError as error:
             print(f"Error: {error}", flush=True)
             return 1
     print(f"fetched {fetched} of {len(listed)} files", flush=True)
+    if failed:
+        failed_list(listing).write_text(json.dumps(failed) + "\n")
+        print(f"Error: every source failed for {len(failed)} file(s): {', '.join(failed)}", flush=True)
+        return 3
     return 0
 
 

@@ -174,7 +174,24 @@ def test_every_source_failing_ends_with_status_3_so_the_role_falls_back_to_the_h
     monkeypatch.setattr(fetch, "RETRY_SECONDS", 0)
     listed = tmp_path / "list.json"
     item = {"urls": [f"{mirror}/missing", "http://127.0.0.1:9/x"], "path": "a", "size": len(DATA), "sha256": SHA256}
-    listed.write_text(json.dumps([item]))
+    other = {"urls": [f"{mirror}/hf/b"], "path": "b", "size": len(DATA), "sha256": SHA256}
+    listed.write_text(json.dumps([item, other]))
     assert fetch.main(["fetch", str(listed), str(tmp_path)]) == 3
     out = capsys.readouterr().out
     assert "Error: a: every source failed: " in out and "answered 404" in out and "http://127.0.0.1:9/x" in out
+    # The next file still came from its peer; only the failed one is listed for the Hub.
+    assert (tmp_path / "b").read_bytes() == DATA
+    assert json.loads((tmp_path / "fetch-failed.json").read_text()) == ["a"]
+    listed.write_text(json.dumps([other]))
+    assert fetch.main(["fetch", str(listed), str(tmp_path)]) == 0 and not (tmp_path / "fetch-failed.json").exists()
+
+
+def test_one_peer_is_checked_too_and_its_bad_file_sends_the_node_to_the_hub(mirror, tmp_path):
+    """Round 1 has one holder: its file is still checked, and a bad one is status 3 (the Hub gives it), where the
+    mirror's one URL is left to the role's verification."""
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"urls": [f"{mirror}/hf/a"], "path": "a", "size": len(DATA), "sha256": "0" * 64}]))
+    assert fetch.main(["fetch", str(listed), str(tmp_path / "peer")]) == 3
+    listed.write_text(json.dumps([{"url": f"{mirror}/hf/a", "path": "a", "size": len(DATA), "sha256": "0" * 64}]))
+    assert fetch.main(["fetch", str(listed), str(tmp_path / "mirror")]) == 0
+    assert (tmp_path / "mirror" / "a").read_bytes() == DATA and not (tmp_path / "peer" / "a").exists()
