@@ -186,6 +186,26 @@ GROUPS: tuple[Group, ...] = (
         reshapes_lab=True,
     ),
     Group(
+        name="lab-checkpoint-spread",
+        what=(
+            "four nodes take a generated GiB checkpoint from the mirror once and from each other in rounds; a node "
+            "cut off mid-transfer resumes; a file every peer serves corrupt comes from the mirror"
+        ),
+        kind="lab",
+        paths=(
+            *LAB_BASE,
+            "roles/checkpoint/",
+            "playbooks/checkpoint.yml",
+            "plugins/module_utils/kimi_checkpoint",
+            "plugins/filter/kimi_checkpoint.py",
+            "roles/kimi/tasks/pinned_debs.yml",
+            "tests/lab_olah.py",
+            "tests/lab/test_checkpoint_spread.py",
+        ),
+        estimate_s=15 * 60,
+        reshapes_lab=True,
+    ),
+    Group(
         name="molecule-stack",
         what="Molecule create, converge, idempotence and verify of the roles that install the stack",
         kind="molecule",
