@@ -580,3 +580,24 @@ def test_a_network_cut_mid_download_fails_clearly_marks_nothing_and_once_healed_
     for name, size in mirror["files"].items():
         assert (cluster["dir"] / name).stat().st_size == size
     assert (cluster["dir"] / ".kimi-checkpoint.json").exists()
+
+
+def test_a_seed_outside_the_play_or_no_hub_access_without_a_holder_is_refused_before_any_byte(cluster):
+    """Download once per site (checkpoint_spread) on two nodes: a seed that is not one of them, and a run without
+    Hub access where no node holds the checkpoint, are refused on every node, naming the variable, before any file
+    is written."""
+    hosts = {name: {"checkpoint_state_dir": str(cluster["tmp"] / f"state-{name}"), "kimi_host_ip": address}
+             for name, address in (("n1", "127.0.0.1"), ("n2", "127.0.0.2"))}  # fmt: skip
+    two = cluster["inventory"]("two.yml", hosts, kimi_pipeline_parallel_size=2)
+
+    outside = cluster["run"](two, checkpoint_seed_host="n9")
+    messages = {f["host"]: f["msg"] for f in outside.failures}
+    assert set(messages) == {"n1", "n2"}, outside.failure_messages()
+    assert all(m.startswith('checkpoint_seed_host is "n9", which is not one of the nodes') for m in messages.values())
+
+    no_hub = cluster["run"](two, checkpoint_hub_access="false")
+    messages = {f["host"]: f["msg"] for f in no_hub.failures}
+    assert set(messages) == {"n1", "n2"}, no_hub.failure_messages()
+    assert all(m.startswith("checkpoint_hub_access is false and no node of this play holds") for m in messages.values())
+    assert "n1 (the first node: checkpoint_seed_host is empty)" in messages["n1"]
+    assert not cluster["dir"].exists(), "a file was written before the refusal"
