@@ -43,7 +43,11 @@ NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT = 9100, 9400, 9090, 9
 RANDOM = 41234
 GROUP_PORTS = [MASTER, DP_RPC, RAY_GCS, RAY_DASHBOARD, RANDOM]
 MIRROR_PORT = 8081
-ALL_PORTS = sorted({SSH, API, *GROUP_PORTS, NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT, MIRROR_PORT})
+# kimi_checkpoint_peer_port: closed to every node outside the replica unless the checkpoint phase fills the set.
+CHECKPOINT_PEER = 29700
+ALL_PORTS = sorted(
+    {SSH, API, *GROUP_PORTS, NODE_EXPORTER, DCGM, PROMETHEUS, ALERTMANAGER, ROUTER_PORT, MIRROR_PORT, CHECKPOINT_PEER}
+)
 # The lab host is the admin network; the controller (this test, over a local connection) has no SSH address.
 RENDER_VARS = {"kimi_admin_networks": [f"{LAB_HOST}/32"], "firewall_controller_address": ""}
 API_FROM_CLIENTS = "tcp dport @api_ports ip saddr @api_clients accept"
@@ -201,6 +205,7 @@ def test_the_chain_denies_by_default_and_names_each_address_and_port(rendered):
         "tcp dport @exporter_ports ip saddr @monitoring_hosts accept",
         "tcp dport @monitoring_ports ip saddr @admin_networks accept",
         "tcp dport @monitoring_ports ip6 saddr @admin_networks6 accept",
+        "tcp dport @checkpoint_peer_ports ip saddr @checkpoint_peers accept",
         "meta l4proto tcp reject with tcp reset",
     ]
     assert "type filter hook input priority filter; policy drop;" in text
@@ -361,3 +366,21 @@ def test_the_mirrors_node_opens_its_port_to_the_nodes_the_router_and_the_control
         STRANGER: {MIRROR_PORT: "refused", SSH: "refused"},
     }
     assert tried(out / "node3.nft", "node3", expected) == expected
+
+
+@needs_netns
+def test_the_checkpoint_peer_port_opens_to_the_nodes_the_checkpoint_phase_adds_and_to_them_only(rendered, tmp_path):
+    """The checkpoint role adds the play's nodes to the empty checkpoint_peers set while it spreads the checkpoint
+    (roles/checkpoint/tasks/peer_firewall.yml): node3, of the other replica, then reaches node1's peer port and no
+    other; a stranger still reaches nothing."""
+    node2, node3 = ADDRESSES["node2"], ADDRESSES["node3"]
+    during_the_phase = tmp_path / "node1-spreading.nft"
+    during_the_phase.write_text(
+        (rendered / "node1.nft").read_text() + f"add element inet kimi checkpoint_peers {{ {node2}, {node3} }}\n"
+    )
+    expected = {
+        node2: every_port("accepted"),
+        node3: every_port("refused", checkpoint_peer="accepted"),
+        STRANGER: every_port("refused"),
+    }
+    assert tried(during_the_phase, "node1", expected) == expected

@@ -44,12 +44,15 @@ RULES = [
     "tcp dport @exporter_ports ip saddr @monitoring_hosts accept",
     "tcp dport @monitoring_ports ip saddr @admin_networks accept",
     "tcp dport @monitoring_ports ip6 saddr @admin_networks6 accept",
+    "tcp dport @checkpoint_peer_ports ip saddr @checkpoint_peers accept",
     "meta l4proto tcp reject with tcp reset",
 ]
 SETS = [
     "replica_peers",
     "api_clients",
     "monitoring_hosts",
+    "checkpoint_peers",
+    "checkpoint_peer_ports",
     "admin_networks",
     "admin_networks6",
     "ssh_ports",
