@@ -4,9 +4,10 @@
 It reuses the session's converge (`serving`), then takes away what a converge downloads, so that the offline run
 must fetch it again from the bundle: the system NCCL debs (apt), the NCCL wheel in vLLM's venv (pip) and two files
 of the checkpoint on each node (the bundle carries it: inventories/lab-offline sets kimi_bundle_checkpoint, and
-the checkpoint role's hf download asks node1's mirror, its HF_ENDPOINT). The air gap is `lab/lab airgap on` (the
-nodes open no connection to the host) and each node's apt sources on the host are moved away, as an air-gapped
-site has none: a fetch from the host's mirrors fails, and the only apt source left on a node is the offline mirror.
+node1 fetches them from its mirror and node2 from node1, download once per site). The air gap is `lab/lab airgap
+on` (the nodes open no connection to the host) and each node's apt sources on the host are moved away, as an
+air-gapped site has none: a fetch from the host's mirrors fails, and the only apt source left on a node is the
+offline mirror.
 
 The nodes keep the offline sources afterwards, so the next converge of the lab starts again (`converged = None`).
 """
@@ -53,6 +54,8 @@ PUT_ASIDE = "/root/offline-test"
 CHECKPOINT_DIR = "/data/models/lab-mini"
 DROPPED_CHECKPOINT_FILES = ("model.safetensors", "config.json")
 MIRROR_ACCESS_LOG = "/var/log/nginx/access.log"
+# node1's peer server's log (roles/checkpoint: it serves node2 the checkpoint it fetched from its mirror).
+PEER_ACCESS_LOG = "/var/lib/kimi-checkpoint/peer/access.log"
 NODE_ADDRESSES = {"node1": "198.18.0.11", "node2": "198.18.0.12"}
 
 
@@ -179,12 +182,18 @@ def test_site_converges_from_the_bundle_with_no_route_but_the_mirror_and_a_secon
         assert installed == [f"{deb}={NCCL_PIN} hold ok installed" for deb in DROPPED_DEBS], installed
         shown = lab.ssh(node, f"{vllm_python(lab, node)} -m pip show {DROPPED_WHEEL}")
         assert shown.returncode == 0, f"{DROPPED_WHEEL} is not back in {node}'s vLLM venv"
-        # The checkpoint's files are back, the bundle's bytes, fetched by this node from node1's mirror.
+        # The checkpoint's files are back, the bundle's bytes: node1 (the seed: neither node held the checkpoint)
+        # fetched them from its mirror, node2 from node1's peer server and not from the mirror (download once per
+        # site, docs/checkpoint.md).
         for name, sha256 in bundled_checkpoint().items():
             summed = lab.ssh(node, f"sha256sum {CHECKPOINT_DIR}/{name}").stdout.split()
             assert summed[:1] == [sha256], f"{node}: {name} {summed}"
             fetched = f"grep -c '^{NODE_ADDRESSES[node]} .*\"GET /hf/.*/resolve/[0-9a-f]*/{name} HTTP/1.1\" 200 ' "
-            assert int(lab.ssh("node1", fetched + MIRROR_ACCESS_LOG).stdout.strip() or 0) >= 1, f"{node}: {name}"
+            from_mirror = int(lab.ssh("node1", fetched + MIRROR_ACCESS_LOG).stdout.strip() or 0)
+            assert (from_mirror >= 1) == (node == "node1"), f"{node}: {name} from the mirror {from_mirror} time(s)"
+            if node == "node2":
+                peer = f"grep -c '^{NODE_ADDRESSES[node]} .*\"GET /{name} HTTP/1.1\" 200 ' {PEER_ACCESS_LOG}"
+                assert int(lab.ssh("node1", peer).stdout.strip() or 0) >= 1, f"{node}: {name} not from node1"
 
     # Every phase that changes a node runs again; verify (which changes nothing, and passed above) is left out.
     second = run_site(airgapped, skip_tags="verify")
