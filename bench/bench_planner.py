@@ -59,7 +59,7 @@ def _median(values: list[float]) -> str:
 def main() -> None:
     cases = json.loads(TABLE.read_text(encoding="utf-8"))["cases"]
     budget_errors, budget_gib_errors, token_errors, independent = [], [], [], []
-    print(f"{'case':<32} {'budget GiB pred/logged':>22} {'err':>8} {'GiB':>6}   {'tokens pred/logged':>24} {'err':>7}")
+    print(f"{'case':<44} {'budget GiB pred/logged':>22} {'err':>8} {'GiB':>6}   {'tokens pred/logged':>24} {'err':>7}")
     for case in cases:
         plan = plan_from_options(case_options(case))
         logged = case["logged"]
@@ -75,14 +75,14 @@ def main() -> None:
             # A near-empty budget makes the relative error explode: read the miss against what vLLM requested.
             independent.append((abs(gib_error), abs(gib_error) / plan["usable_gib_per_gpu"]))
         print(
-            f"{case['id']:<32} {budget:>9.2f} / {logged['available_kv_cache_gib']:<9.2f} {budget_error:>+8.2%} "
+            f"{case['id']:<44} {budget:>9.2f} / {logged['available_kv_cache_gib']:<9.2f} {budget_error:>+8.2%} "
             f"{gib_error:>+6.2f}   {tokens_text}"
         )
         measured = case.get("weights_gib_per_gpu_logged")
         if measured is not None:
             breakdown = plan_from_options(case_options(case, measured_weights=False))["weights_gib_per_gpu"]
             print(
-                f"{'':<32} weights: component breakdown {breakdown:.2f} GiB / logged {measured:.2f} GiB "
+                f"{'':<44} weights: component breakdown {breakdown:.2f} GiB / logged {measured:.2f} GiB "
                 f"{relative_error(breakdown, measured):+.2%} (the budget above uses the logged weights)"
             )
     print(

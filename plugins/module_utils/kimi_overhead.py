@@ -1,12 +1,14 @@
 """What vLLM subtracts from a GPU besides the weights before it sizes the KV cache, per pipeline stage and per
 vLLM version, and the per-version rules around it (block size, the printed token count, --kv-cache-memory-bytes).
 
-vLLM (vllm/v1/worker/gpu_worker.py determine_available_memory, 0.23.0) computes
+vLLM (vllm/v1/worker/gpu_worker.py determine_available_memory, the same in every release from 0.10.2 to 0.33.0 but
+for where the CUDA-graph estimate enters) computes
 
     available KV = ceil(gpu_memory_utilization x CUDA-visible total)          (v1/worker/utils.py request_memory)
                    - weights ("Model loading took")
-                   - torch peak increase of profile_run (activations at max_num_batched_tokens; the sampler's dummy
-                     run on the last PP stage; the vision encoder's dummy batch on multimodal models)
+                   - torch peak increase of profile_run (the larger of the forward at max_num_batched_tokens and,
+                     on the last PP stage, the sampler's dummy run; the vision encoder's dummy batch on multimodal
+                     models)
                    - non-torch increase since the start-up snapshot (NCCL, custom all-reduce, DeepEP buffers)
                    - the CUDA-graph memory estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default)
 
@@ -23,11 +25,11 @@ import math
 import re
 from dataclasses import dataclass
 
-from .kimi_presets import FP32_BYTES, GIB, PlanInputError
+from .kimi_presets import GIB, PlanInputError
 
 MIB = 1024**2
-# The project's pinned vLLM (roles/kimi/defaults/main.yml kimi_vllm_pip_pins: vllm "0.23.0").
-PINNED_VLLM_VERSION = "0.23.0"
+# The project's pinned vLLM (roles/kimi/defaults/main.yml kimi_vllm_pip_pins: vllm "0.33.0").
+PINNED_VLLM_VERSION = "0.33.0"
 
 # --- version thresholds, each checked in the released wheels' source ---------------------------------------------
 # CacheConfig.kv_cache_memory_bytes and the --kv-cache-memory-bytes flag first appear in vLLM 0.10.2
@@ -35,38 +37,85 @@ PINNED_VLLM_VERSION = "0.23.0"
 # 0.10.1.1 has neither. Upstream: github.com/vllm-project/vllm/pull/21489 "Allow users to specify kv cache memory
 # size"; with it set, Worker.determine_available_memory returns that value and skips the profiling.
 KV_CACHE_MEMORY_BYTES_SINCE = (0, 10, 2)
-# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" in vllm/envs.py of 0.20.0, 0.20.2, 0.21.0 and 0.23.0
-# (the worker's log line says "default since v0.21.0"; the 0.20.x wheels already have it on). Added off by default
-# in github.com/vllm-project/vllm/pull/30515.
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" in vllm/envs.py of every release from 0.20.0 to 0.34.0
+# (the worker's log line says "default since v0.21.0"; the 0.20.x wheels already have it on) and to "0" in 0.18.0
+# to 0.19.1, which profile the graphs but do not subtract them. Added off by default in
+# github.com/vllm-project/vllm/pull/30515.
 CUDAGRAPH_ESTIMATE_SINCE = (0, 20, 0)
 # Worker.init_device takes the memory snapshot before init_worker_distributed_environment in 0.10.x (NCCL's
 # communicator buffers then count as non-torch memory) and after it from 0.11.0 on (gpu_worker.py of each wheel).
 SNAPSHOT_AFTER_NCCL_SINCE = (0, 11, 0)
 # kv_cache_utils.py prints "GPU KV cache size" as num_blocks x block_size (x dcp) up to 0.20.0 and as
-# int(max_concurrency x max_model_len) from 0.20.2 on (_report_kv_cache_config in 0.20.2, 0.21.0, 0.23.0).
+# int(max_concurrency x max_model_len) from 0.20.2 on (_report_kv_cache_config in 0.20.2, 0.21.0, 0.23.0;
+# get_kv_cache_capacity from 0.24.0, read in 0.24.0 and 0.33.0).
 TOKENS_FROM_CONCURRENCY_SINCE = (0, 20, 2)
-# Attention-backend priorities by compute capability (vllm/platforms/cuda.py _get_backend_priorities, 0.23.0)
-# replace the older rule "Hopper forces FlashMLA with 64-token blocks, Blackwell forces CUTLASS MLA with 128"
-# (vllm/platforms/cuda.py get_attn_backend_cls, 0.11.0). Versions between 0.11 and 0.23 were not read: they get
-# the 0.23.0 rule from 0.12.0 on, an assumption the plan states.
-BACKEND_PRIORITIES_SINCE = (0, 12, 0)
+# Up to 0.17.1, CudaPlatform.check_and_update_config (vllm/platforms/cuda.py of 0.10.2, 0.11.0, 0.11.1, 0.12.0,
+# 0.13.0, 0.14.0, 0.15.0, 0.16.0 and 0.17.0, each read) forces an MLA model's block size when no backend is chosen:
+# FlashMLA's 64 where FlashMLA runs (Hopper), CUTLASS MLA's 128 on Blackwell, and from 0.15.0 FlashInfer MLA's 64 on
+# Blackwell (qk_nope_head_dim 128, as every K2/DeepSeek-V3 config has). From 0.18.0 that code is gone: the block
+# size is the chosen backend's preferred one (_get_backend_priorities, AttentionBackend.get_preferred_block_size; read
+# in 0.18.0, 0.20.0, 0.23.0, 0.24.0, 0.27.0, 0.30.0 and 0.33.0). A published Kimi-K2.5 log under 0.15.0 on H100
+# confirms 64 there ("estimated maximum model length is 9664": 151 blocks of 64).
+BACKEND_PRIORITIES_SINCE = (0, 18, 0)
+FLASHINFER_MLA_FORCED_SINCE = (0, 15, 0)
+# vllm/config/vllm.py: the default largest capture size is min(2 x max_num_seqs, 512), and 1024 instead of 512 on
+# data-centre Blackwell (is_device_capability_family(100)) from 0.28.0 (read in 0.27.0 and 0.28.0).
+BLACKWELL_1024_GRAPHS_SINCE = (0, 28, 0)
 
 # --- the terms' constants --------------------------------------------------------------------------------------
-# Sampler dummy run (gpu_model_runner._dummy_sampler_run, on the last PP stage only): logits for
-# min(max_num_seqs, max_num_batched_tokens) requests over the whole vocabulary, in fp32 (4 B), plus what top-k/top-p
-# allocate beside them (topk_topp_sampler.apply_top_k_top_p: the sorted fp32 values 4 B, their int64 indices 8 B,
-# the fp32 softmax/cumsum 4 B): 20 B per logit at the peak.
-SAMPLER_BYTES_PER_LOGIT = 4 * FP32_BYTES + 4
-# Activation peak of the dummy forward over max_num_batched_tokens tokens, per token and per unit of hidden size.
-# Fitted to the one published Kimi K2 start-up log with known settings and no other unknown term: Kimi-K2-Thinking,
-# 8 x H200, TP 8, vLLM defaults (0.9, max_num_batched_tokens 8192, max_num_seqs 1024), "Available KV cache memory:
-# 46.80 GiB" (github.com/vllm-project/recipes/pull/115, moonshotai/Kimi-K2-Think.md). It is not independent of
-# that case; the other cases of tests/fixtures/planner/startup_logs.json check it.
-ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN = 73.2
+# --- the profile's torch peak, by version range ------------------------------------------------------------------
+# profile_run (vllm/v1/worker/gpu_model_runner.py, read in every release from 0.10.2 to 0.33.0) runs the dummy
+# forward over max_num_batched_tokens tokens, lets its activations go, then on the last PP stage the sampler's dummy
+# run over min(max_num_seqs, max_num_batched_tokens) requests x the vocabulary, with only the hidden states kept:
+# the torch peak is the larger of the two runs, not their sum.
+#
+# The forward's peak is led by the fused-MoE workspaces (vllm/model_executor/layers/fused_moe/modular_kernel.py
+# workspace_shapes: tokens x num_experts_per_tok x max(2 x intermediate / TP, hidden)), so it is modelled as
+# bytes per token x num_experts_per_tok x hidden_size; the per-unit figure depends on the MoE kernel (the routed
+# experts' weight format, the GPU family) and on the release, and is taken from published start-up logs: each
+# entry names its case in tests/fixtures/planner/startup_logs.json. A release with no log of its own takes the
+# larger figure of its neighbours (the safe side); a format or GPU with no log takes the largest of its range.
+#
+# The sampler's peak is bytes per logit. Up to 0.11.0 the top-k/top-p filter ran in FlashInfer whenever it
+# imported (vllm/v1/sample/ops/topk_topp_sampler.py, 0.10.2 and 0.11.0), and from 0.18.0 in a Triton kernel for
+# batches of 8 or more (apply_top_k_top_p_triton): neither sorts the vocabulary, and what stays is the logits in
+# BF16 (2 B) and FP32 (4 B), the softmax (4 B) and the exponential draw (4 B) of random_sample: 14 B. From 0.11.1
+# to 0.17.1 FlashInfer is opt-in (VLLM_USE_FLASHINFER_SAMPLER) and the default is torch.sort over the whole
+# vocabulary (apply_top_k_top_p): values, int64 indices and the sort's own double buffers. Its size per logit is
+# taken from the logs of those releases, where the sampler, not the forward, sets the peak: DeepSeek-R1 at 1,024
+# requests x 129,280 logits, and Kimi-K2-Thinking at 1,024 x 163,840 confirms it (the recipe case).
+SAMPLER_BYTES_PER_LOGIT_UNSORTED = 14.0
+# (first release, bytes per logit, the case it comes from)
+SAMPLER_BYTES_PER_LOGIT_BY_RELEASE = (
+    ((0, 10, 1), SAMPLER_BYTES_PER_LOGIT_UNSORTED, "FlashInfer top-k/top-p by default: no sort"),
+    ((0, 11, 1), 51.4, "dsr1-h200-0.11.2-*: 7.29 GiB besides weights and cache"),
+    ((0, 12, 0), 51.4, "no log of 0.12: the larger of 0.11.2's and 0.13.0's"),
+    ((0, 13, 0), 39.2, "dsr1-h200-0.13.0-*: 5.78 GiB"),
+    ((0, 14, 0), 52.8, "dsr1-h200-0.14.1-*: 7.46 GiB"),
+    ((0, 15, 0), 52.8, "no log of 0.15: the larger of 0.14.1's and 0.16.0's"),
+    ((0, 16, 0), 39.4, "dsr1-h200-0.16.0-*: 5.81 GiB (0.17 has 0.16's worker and profile_run)"),
+    ((0, 18, 0), SAMPLER_BYTES_PER_LOGIT_UNSORTED, "Triton top-k/top-p: no sort"),
+)
+# Forward bytes per token x expert per token x hidden unit: (first release, {(format, GPU family): bytes}, source).
+# Format: the routed experts' ("fp8_block" DeepSeek/Kimi-K2-Instruct FP8, "int_group" the INT4 K2-Thinking/K2.5
+# family); GPU family: the compute capability major (9 Hopper, 10 Blackwell).
+FORWARD_BYTES_BY_RELEASE = (
+    ((0, 10, 1), {("fp8_block", 9): 4.25}, "dsr1-h200-0.11.0-*: 2.81 GiB, the sampler unsorted"),
+    # With the sort, the sampler sets these releases' peaks and hides the forward's: the largest forward their
+    # logs allow (dsr1-h200-0.13.0-*, -0.16.0-*: 4.83 and 4.86 GiB of peak at 8,192 x 8 x 7,168).
+    ((0, 11, 1), {("fp8_block", 9): 10.3}, "the bound dsr1-h200-0.13.0-* and -0.16.0-* set"),
+    (
+        (0, 18, 0),
+        {("fp8_block", 9): 11.77, ("fp8_block", 10): 7.86, ("int_group", 9): 7.74},
+        "dsr1-h200-0.18.0-*, -0.19.0-* (6.10 GiB), dsr1-b200-0.18.0-* (4.39 GiB), k2.5-h200-0.18.0-* (4.98 GiB)",
+    ),
+)
 # MoonViT's hidden size (K2.5-based checkpoints' vision_config.hidden_size; the miniature config test in
-# tests/unit uses the same 1152). The encoder's dummy batch is costed like the language model's activations over
-# max_num_batched_tokens tokens of this width: an estimate, no published log isolates it.
+# tests/unit uses the same 1152). The encoder's dummy batch is costed at 73.2 B per token and hidden unit over
+# max_num_batched_tokens tokens of this width: an estimate by analogy (the figure an earlier fit gave the language
+# model), no published log isolates it.
 VISION_HIDDEN_SIZE = 1152
+ENCODER_BYTES_PER_TOKEN_PER_HIDDEN = 73.2
 # Non-torch memory that grows after the start-up snapshot on a GPU with peers (custom all-reduce buffers, NCCL
 # work buffers): "0.95 GiB for non-torch memory" in a published TP x EP start-up log (gpu_worker.py:857 "Free memory
 # on device (181.84/184.31 GiB) ... 0.95 GiB for non-torch memory", a public repository found with the code search).
@@ -77,11 +126,13 @@ NON_TORCH_BYTES_WITH_NCCL_INIT = int(1.38 * GIB)
 # DeepEP buffers (vllm/distributed/device_communicators/all2all.py, 0.23.0): VLLM_DEEPEP_BUFFER_SIZE_MB (default
 # 1024, vllm/envs.py) of NVLink buffer, and as much RDMA buffer when the EP group spans nodes.
 DEEPEP_BUFFER_BYTES = 1024 * MIB
-# CUDA-graph estimate per captured graph: "Graph capturing finished in 25 secs, took 2.37 GiB" for 67 PIECEWISE +
-# 67 FULL graphs (the same vLLM 0.10.2 H200 log): 2.37 GiB / 134.
-CUDAGRAPH_BYTES_PER_GRAPH = int(2.37 * GIB / 134)
+# CUDA-graph estimate per captured graph: "Graph capturing finished ..., took 2.28 GiB" for 51 FULL + 51 PIECEWISE
+# graphs (1,024 sequences) of DeepSeek-R1 on H200 under 0.20.0 (2.27 GiB under 0.18.0 and 0.19.0; Kimi-K2.5 took
+# 1.61 GiB, B200 2.52 GiB under 0.18.0): 2.28 GiB / 102.
+CUDAGRAPH_BYTES_PER_GRAPH = int(2.28 * GIB / 102)
 # Default max_num_seqs / max_num_batched_tokens of `vllm serve` (engine/arg_utils.py
-# _set_default_max_num_seqs_and_batched_tokens_args, 0.23.0): GPUs of 70 GiB or more (not A100) 1024 / 8192,
+# _set_default_max_num_seqs_and_batched_tokens_args, the same from 0.22.0 to 0.34.0; EngineArgs._set_default_args in
+# 0.11.0 has the same figures): GPUs of 70 GiB or more (not A100) 1024 / 8192,
 # others 256 / 2048.
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_LIMITS_LARGE_GPU = (1024, 8192)
@@ -114,13 +165,13 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in found.group(1).split("."))
 
 
-# The vLLM releases whose source the rules above were read in: GPU rules from 0.10.1.1 to 0.23.0 (the wheels named
-# above; 0.12 to 0.19 between them, not read, take the 0.23.0 rules as BACKEND_PRIORITIES_SINCE says). A version in
-# that span is planned with them. One past the newest, up to RULES_NEAR_MINORS minor releases on, gets the newest's
-# rules and a warning that names them; one older than the oldest (V0's engine profiled otherwise) or farther on is
-# refused: no rule is near enough to plan it, and a silent default is the plan nobody checks until a load fails.
+# The vLLM releases whose source the rules above were read in: every release from 0.10.1.1 to 0.33.0 (the files
+# named above, fetched from each wheel on PyPI; docs/planner.md, "Versions"). A version in that span is planned with
+# its own rules. One past the newest, up to RULES_NEAR_MINORS minor releases on, gets the newest's rules and a
+# warning that names them; one older than the oldest (V0's engine profiled otherwise) or farther on is refused: no
+# rule is near enough to plan it, and a silent default is the plan nobody checks until a load fails.
 RULES_OLDEST = (0, 10, 1)
-RULES_NEWEST = (0, 23, 0)
+RULES_NEWEST = (0, 33, 0)
 RULES_NEAR_MINORS = 10
 
 
@@ -181,17 +232,20 @@ def prints_tokens_from_concurrency(version: str) -> bool:
 def default_block_size(compute_major: int | None, kv_cache_dtype: str, version: str) -> int:
     """The KV block size vLLM picks for an MLA model when --block-size is not given.
 
-    0.23.0 (vllm/platforms/cuda.py _get_backend_priorities, AttentionBackend.get_preferred_block_size): Hopper (9)
-    takes FLASH_ATTN_MLA (block sizes multiple of 16: the default 16) for a 16-bit cache; it has no FP8 cache, so an
-    FP8 cache goes to FLASHMLA (64). Blackwell (10) takes FLASHINFER_MLA ([32, 64]: the smallest, 32). Other GPUs
+    From 0.18.0 (vllm/platforms/cuda.py _get_backend_priorities, AttentionBackend.get_preferred_block_size): Hopper
+    (9) takes FLASH_ATTN_MLA (block sizes multiple of 16: the default 16) for a 16-bit cache; it has no FP8 cache, so
+    an FP8 cache goes to FLASHMLA (64). Blackwell (10) takes FLASHINFER_MLA ([32, 64]: the smallest, 32). Other GPUs
     (the RTX PRO 6000, sm_120) fall to TRITON_MLA (multiple of 16: 16).
-    Before 0.12 (0.11.0's get_attn_backend_cls): Hopper forced FlashMLA with 64, Blackwell CUTLASS MLA with 128.
+    Before 0.18.0 (check_and_update_config): Hopper forced to FlashMLA's 64 whatever the cache dtype; Blackwell to
+    CUTLASS MLA's 128, from 0.15.0 to FlashInfer MLA's 64; other GPUs keep the default 16.
     """
     fp8 = kv_cache_dtype.startswith("fp8")
     if compute_major is None:
         return 16  # CacheConfig.DEFAULT_BLOCK_SIZE
     if not _at_least(version, BACKEND_PRIORITIES_SINCE):
-        return {9: 64, 10: 128}.get(compute_major, 16)
+        if compute_major == 10:
+            return 64 if _at_least(version, FLASHINFER_MLA_FORCED_SINCE) else 128
+        return 64 if compute_major == 9 else 16
     if compute_major == 9:
         return 64 if fp8 else 16
     if compute_major == 10:
@@ -228,24 +282,61 @@ class OverheadInputs:
     dp: int
     pp: int
     gpus_per_node: int
+    # The GPU's compute capability major (9 Hopper, 10 Blackwell); None when no GPU preset says it.
+    compute_major: int | None = None
+    # config.json's num_experts_per_tok, and the routed experts' weight format (WeightFormat.kind).
+    experts_per_token: int = 8
+    routed_format: str = "fp8_block"
+
+
+def _by_release(table: tuple, version: str):
+    release = parse_version(version)
+    chosen = table[0]
+    for entry in table:
+        if release >= entry[0]:
+            chosen = entry
+    return chosen
+
+
+def sampler_bytes_per_logit(version: str) -> float:
+    """The sampler dummy run's bytes per logit under this release (SAMPLER_BYTES_PER_LOGIT_BY_RELEASE)."""
+    return _by_release(SAMPLER_BYTES_PER_LOGIT_BY_RELEASE, version)[1]
+
+
+def forward_bytes_per_unit(version: str, routed_format: str, compute_major: int | None) -> float:
+    """The dummy forward's bytes per token x expert per token x hidden unit (FORWARD_BYTES_BY_RELEASE): the
+    range's figure for this format and GPU family, else for this format on Hopper, else the range's largest."""
+    figures = _by_release(FORWARD_BYTES_BY_RELEASE, version)[1]
+    for key in ((routed_format, compute_major), (routed_format, 9)):
+        if key in figures:
+            return figures[key]
+    return max(figures.values())
 
 
 def activation_bytes(inputs: OverheadInputs) -> int:
     """The torch peak of the dummy forward over max_num_batched_tokens tokens (every stage runs it)."""
-    return int(inputs.max_num_batched_tokens * inputs.hidden_size * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN)
+    per_unit = forward_bytes_per_unit(inputs.vllm_version, inputs.routed_format, inputs.compute_major)
+    units = inputs.max_num_batched_tokens * inputs.experts_per_token * inputs.hidden_size
+    return int(units * per_unit)
+
+
+def sampler_peak_bytes(inputs: OverheadInputs) -> int:
+    """The sampler's dummy run on the last stage: min(max_num_seqs, max_num_batched_tokens) x vocabulary logits."""
+    requests = min(inputs.max_num_seqs, inputs.max_num_batched_tokens)
+    return int(requests * inputs.vocab_size * sampler_bytes_per_logit(inputs.vllm_version))
 
 
 def sampler_bytes(inputs: OverheadInputs) -> int:
-    """The sampler's dummy run on the last stage: min(max_num_seqs, max_num_batched_tokens) x vocabulary logits."""
-    requests = min(inputs.max_num_seqs, inputs.max_num_batched_tokens)
-    return requests * inputs.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    """What the sampler's run adds to the peak: the part of its own peak above the forward's (the two run one after
+    the other), 0 when the forward's is the larger."""
+    return max(0, sampler_peak_bytes(inputs) - activation_bytes(inputs))
 
 
 def encoder_bytes(inputs: OverheadInputs) -> int:
     """The vision encoder's dummy batch on the first stage (none with --language-model-only)."""
     if not inputs.has_vision:
         return 0
-    return int(inputs.max_num_batched_tokens * VISION_HIDDEN_SIZE * ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN)
+    return int(inputs.max_num_batched_tokens * VISION_HIDDEN_SIZE * ENCODER_BYTES_PER_TOKEN_PER_HIDDEN)
 
 
 def non_torch_bytes(inputs: OverheadInputs) -> int:
@@ -263,14 +354,21 @@ def non_torch_bytes(inputs: OverheadInputs) -> int:
     return counted
 
 
-def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
-    """vLLM's default capture sizes (vllm/config/vllm.py, 0.23.0): up to min(2 x max_num_seqs, 512, tokens);
-    1, 2, 4, then every 8 below 256, then every 16."""
-    largest = min(max_num_seqs * 2, 512, max_num_batched_tokens)
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, largest_default: int = 512) -> list[int]:
+    """vLLM's default capture sizes (vllm/config/vllm.py, 0.23.0 and 0.33.0): up to min(2 x max_num_seqs,
+    largest_default, tokens); 1, 2, 4, then every 8 below 256, then every 16."""
+    largest = min(max_num_seqs * 2, largest_default, max_num_batched_tokens)
     sizes = [size for size in (1, 2, 4) if size <= largest]
     sizes += list(range(8, min(largest + 1, 256), 8))
     sizes += list(range(256, largest + 1, 16))
     return sizes
+
+
+def largest_default_capture(compute_major: int | None, version: str) -> int:
+    """512, or 1024 on data-centre Blackwell from 0.28.0 (BLACKWELL_1024_GRAPHS_SINCE)."""
+    if compute_major == 10 and _at_least(version, BLACKWELL_1024_GRAPHS_SINCE):
+        return 1024
+    return 512
 
 
 def cudagraph_bytes(inputs: OverheadInputs) -> int:
@@ -278,7 +376,8 @@ def cudagraph_bytes(inputs: OverheadInputs) -> int:
     on a version that does not subtract it."""
     if inputs.enforce_eager or not subtracts_cudagraph_estimate(inputs.vllm_version):
         return 0
-    graphs = 2 * len(cudagraph_capture_sizes(inputs.max_num_seqs, inputs.max_num_batched_tokens))
+    largest = largest_default_capture(inputs.compute_major, inputs.vllm_version)
+    graphs = 2 * len(cudagraph_capture_sizes(inputs.max_num_seqs, inputs.max_num_batched_tokens, largest))
     return graphs * CUDAGRAPH_BYTES_PER_GRAPH
 
 

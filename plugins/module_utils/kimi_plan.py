@@ -314,6 +314,11 @@ class PlanInputs:
             dp=self.dp,
             pp=self.pp,
             gpus_per_node=self.gpus_per_node,
+            compute_major=self.gpu.compute_major if self.gpu else None,
+            experts_per_token=self.model.num_experts_per_tok,
+            routed_format=self.model.quantization.format_for(
+                f"model.layers.{self.model.first_k_dense_replace}.mlp.experts.0.down_proj"
+            ).kind,
         )
 
 

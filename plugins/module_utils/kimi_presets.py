@@ -185,6 +185,8 @@ class ModelSpec:
     max_position_embeddings: int
     quantization: Quantization
     moe_layer_freq: int = 1
+    # Routed experts each token goes to (config.json num_experts_per_tok: 8 in every K2 and DeepSeek-V3 config).
+    num_experts_per_tok: int = 8
     tie_word_embeddings: bool = False
     vision_params: int = 0
     checkpoint_bytes: int | None = None
@@ -374,6 +376,7 @@ def model_from_config(config: dict[str, Any], name: str, source: str = "config.j
             n_shared_experts=int(text.get("n_shared_experts") or 0),
             first_k_dense_replace=int(text.get("first_k_dense_replace") or 0),
             moe_layer_freq=int(text.get("moe_layer_freq") or 1),
+            num_experts_per_tok=int(text.get("num_experts_per_tok") or 8),
             num_attention_heads=int(text["num_attention_heads"]),
             q_lora_rank=int(text["q_lora_rank"]) if text.get("q_lora_rank") else None,
             kv_lora_rank=int(text["kv_lora_rank"]),
@@ -402,6 +405,7 @@ def _lab_mini() -> ModelSpec:
         "intermediate_size": 512,
         "moe_intermediate_size": 128,
         "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
         "n_shared_experts": 1,
         "first_k_dense_replace": 1,
         "moe_layer_freq": 1,

@@ -105,15 +105,16 @@ options:
     default: false
   vllm_version:
     description: The vLLM release whose rules apply (overhead terms, block size, printed token count,
-      --kv-cache-memory-bytes support). From 0.10.1 to 0.23.x its own rules; up to ten minor releases past 0.23 the
-      0.23.0 rules with a warning naming them; anything else is refused (no rule is near).
+      --kv-cache-memory-bytes support). From 0.10.1 to 0.33.x its own rules; up to ten minor releases past 0.33 the
+      0.33.0 rules with a warning naming them; anything else is refused (no rule is near).
     type: str
-    default: 0.23.0
+    default: 0.33.0
   max_num_seqs:
-    description: vLLM's --max-num-seqs (default vLLM's for the GPU); sizes the sampler term and caps the concurrency.
+    description: vLLM's --max-num-seqs (default vLLM's for the GPU); sizes the sampler and CUDA-graph terms and
+      caps the concurrency.
     type: int
   max_num_batched_tokens:
-    description: vLLM's --max-num-batched-tokens (default vLLM's for the GPU); sizes the activation term.
+    description: vLLM's --max-num-batched-tokens (default vLLM's for the GPU); sizes the forward (activation) term.
     type: int
   enforce_eager:
     description: vLLM's --enforce-eager (no CUDA graphs, so no graph memory estimate).

@@ -157,18 +157,18 @@ def test_bad_flags_exit_2_with_one_line_naming_the_flag(args, flag):
 
 
 def test_a_vllm_past_the_rules_read_is_planned_with_the_newest_and_a_warning():
-    completed = kimi_plan("--json", *SEED_004, "--vllm-version", "0.33.0")
+    completed = kimi_plan("--json", *SEED_004, "--vllm-version", "0.34.0")
     assert completed.returncode in (0, 1), completed.stderr  # planned (this seed's layout may not fit)
-    assert json.loads(completed.stdout)["warnings"] == [overhead.version_warning("0.33.0")]
-    assert completed.stderr.startswith("kimi-plan: warning: vLLM 0.33.0: no rule of this release was read; planned")
-    assert "with vLLM 0.23.0's rules" in completed.stderr
-    quiet = kimi_plan("--json", *SEED_004, "--vllm-version", "0.23.0")
+    assert json.loads(completed.stdout)["warnings"] == [overhead.version_warning("0.34.0")]
+    assert completed.stderr.startswith("kimi-plan: warning: vLLM 0.34.0: no rule of this release was read; planned")
+    assert "with vLLM 0.33.0's rules" in completed.stderr
+    quiet = kimi_plan("--json", *SEED_004, "--vllm-version", "0.33.0")
     assert quiet.stderr == "" and json.loads(quiet.stdout)["warnings"] == []
 
 
 @pytest.mark.parametrize(
     ("version", "words"),
-    [("0.9.2", "older than 0.10.1"), ("0.34.0", "more than 10 minor releases past 0.23.0"), ("1.0.0", "no rule")],
+    [("0.9.2", "older than 0.10.1"), ("0.44.0", "more than 10 minor releases past 0.33.0"), ("1.0.0", "no rule")],
 )
 def test_a_vllm_with_no_rules_near_is_refused_naming_the_flag(version, words):
     completed = kimi_plan("--json", *SEED_004, "--vllm-version", version)
@@ -176,7 +176,7 @@ def test_a_vllm_with_no_rules_near_is_refused_naming_the_flag(version, words):
     assert completed.stderr.startswith("kimi-plan: error: argument --vllm-version: ") and words in completed.stderr
 
 
-@pytest.mark.parametrize("version", ["0.10.1.1", "0.11.1rc2", "0.20.2", "0.23.0", "0.23.4"])
+@pytest.mark.parametrize("version", ["0.10.1.1", "0.11.1rc2", "0.15.0", "0.20.2", "0.23.0", "0.33.0", "0.33.4"])
 def test_the_versions_whose_rules_were_read_plan_without_a_warning(version):
     assert overhead.version_warning(version) is None
 
@@ -275,11 +275,11 @@ def test_module_warns_when_it_plans_a_vllm_past_the_rules_read(tmp_path):
     ok, result = run_module(
         tmp_path,
         "kimi_plan",
-        {"model": "Kimi-K2.7-Code", "gpu": "h200", "tp": 8, "vllm_version": "0.33.0", "fail_on_misfit": False},
+        {"model": "Kimi-K2.7-Code", "gpu": "h200", "tp": 8, "vllm_version": "0.34.0", "fail_on_misfit": False},
     )
     assert ok, result
     # Ansible shows the module's warning (module.warn); the plan carries it too.
-    assert result["plan"]["warnings"] == [overhead.version_warning("0.33.0")]
+    assert result["plan"]["warnings"] == [overhead.version_warning("0.34.0")]
 
 
 def test_module_names_the_bad_option(tmp_path):

@@ -5,6 +5,7 @@ carries its own, wider tolerance and a note saying why, so it still runs and fai
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
@@ -66,3 +67,50 @@ def test_published_startup_log_is_reproduced(case):
         assert budget == pytest.approx(logged["available_kv_cache_gib"], rel=tolerance["budget_relative"])
     if logged["gpu_kv_cache_tokens"] is not None:  # None: the source does not print the line
         assert plan["kv_tokens"] == pytest.approx(logged["gpu_kv_cache_tokens"], rel=tolerance["tokens_relative"])
+
+
+def _plans():
+    return [(case, plan_options.plan_from_options(_options(case))) for case in TABLE["cases"]]
+
+
+def _is_published_gpu_log(case):
+    on_gpu = case["options"].get("gpu") not in (None, "cpu")
+    return on_gpu and case["source"].startswith(("http", "github.com", "a public"))
+
+
+def _minor(version):
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+
+
+def test_the_set_holds_30_published_gpu_logs_across_versions_and_gpus():
+    published = [case for case in TABLE["cases"] if _is_published_gpu_log(case)]
+    assert len(published) >= 30
+    assert {case["options"]["gpu"] for case in published} >= {"h100", "h200", "b200"}
+    versions = {_minor(case["options"]["vllm_version"]) for case in published}
+    assert min(versions) <= (0, 11) and max(versions) >= (0, 20)
+
+
+def test_median_errors_are_at_most_two_percent():
+    budget, tokens = [], []
+    for case, plan in _plans():
+        logged = case["logged"]
+        logged_budget = logged["available_kv_cache_gib"]
+        budget.append(abs(plan["kv_cache_gib_per_gpu"] - logged_budget) / abs(logged_budget))
+        if logged["gpu_kv_cache_tokens"]:
+            tokens.append(abs(plan["kv_tokens"] - logged["gpu_kv_cache_tokens"]) / logged["gpu_kv_cache_tokens"])
+    assert statistics.median(budget) <= 0.02 and statistics.median(tokens) <= 0.02
+
+
+@pytest.mark.parametrize("case", TABLE["cases"], ids=_ids(TABLE["cases"]))
+def test_no_plan_exceeds_its_log_by_more_than_one_percent(case):
+    # Above the log is the dangerous side: vLLM would be told to hold more than it can. A near-empty budget (a case
+    # with budget_abs_gib) is held to 1 % of the memory vLLM requested instead, as its own 1 % says nothing.
+    plan = plan_options.plan_from_options(_options(case))
+    logged = case["logged"]
+    over = plan["kv_cache_gib_per_gpu"] - logged["available_kv_cache_gib"]
+    if "budget_abs_gib" in case.get("tolerance", {}):
+        assert over <= 0.01 * plan["usable_gib_per_gpu"]
+    else:
+        assert over <= 0.01 * logged["available_kv_cache_gib"]
+    if logged["gpu_kv_cache_tokens"]:
+        assert plan["kv_tokens"] <= 1.01 * logged["gpu_kv_cache_tokens"]

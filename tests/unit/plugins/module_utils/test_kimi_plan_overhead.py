@@ -62,8 +62,8 @@ def test_kv_cache_memory_bytes_since_0_10_2():
 
 
 def test_the_pinned_version_is_the_default():
-    assert ko.PINNED_VLLM_VERSION == "0.23.0"
-    assert plan(**H200_TP8)["vllm_version"] == "0.23.0"
+    assert ko.PINNED_VLLM_VERSION == "0.33.0"
+    assert plan(**H200_TP8)["vllm_version"] == "0.33.0"
 
 
 # --- block size by backend and architecture -------------------------------------------------------------------------
@@ -76,8 +76,17 @@ def test_the_pinned_version_is_the_default():
         (9, "fp8", "0.23.0", 64),  # FLASHMLA: FLASH_ATTN_MLA has no FP8 cache
         (10, "bf16", "0.23.0", 32),  # FLASHINFER_MLA [32, 64]
         (12, "bf16", "0.23.0", 16),  # TRITON_MLA on the RTX PRO 6000
-        (9, "bf16", "0.11.0", 64),  # FlashMLA forced on Hopper
-        (10, "bf16", "0.11.0", 128),  # CUTLASS MLA forced on Blackwell
+        (9, "bf16", "0.33.0", 16),
+        (10, "fp8", "0.33.0", 32),
+        (9, "bf16", "0.18.0", 16),  # the first release without the forcing below
+        (9, "bf16", "0.11.0", 64),  # FlashMLA forced on Hopper up to 0.17.1
+        (9, "bf16", "0.15.0", 64),  # (the published K2.5 H100 log: 9,664 tokens = 151 blocks of 64)
+        (9, "fp8", "0.17.1", 64),
+        (10, "bf16", "0.11.0", 128),  # CUTLASS MLA forced on Blackwell up to 0.14.1
+        (10, "bf16", "0.14.1", 128),
+        (10, "bf16", "0.15.0", 64),  # FlashInfer MLA forced to 64 from 0.15.0 to 0.17.1
+        (10, "bf16", "0.17.1", 64),
+        (12, "bf16", "0.15.0", 16),  # no FlashMLA on sm_120: the default stays
         (None, "bf16", "0.23.0", 16),
     ],
 )
@@ -128,26 +137,68 @@ def test_overhead_model_none_is_the_planner_before_issue_15():
 
 
 def test_sampler_on_the_last_stage_encoder_on_the_first():
-    stages = plan(**GREENNODE)["stages"]
+    # 0.14.1 sorts the vocabulary: 1,024 x 163,840 logits x 52.8 B outgrow the forward, on the last stage only.
+    stages = plan(**GREENNODE, vllm_version="0.14.1")["stages"]
     assert stages[0]["overhead_breakdown_gib"]["sampler"] == 0
-    assert stages[1]["overhead_breakdown_gib"]["sampler"] == pytest.approx(1024 * 163840 * 20 / GIB, abs=1e-3)
+    forward = 8192 * 8 * 7168 * 10.3 / GIB
+    assert stages[1]["overhead_breakdown_gib"]["activation"] == pytest.approx(forward, abs=1e-3)
+    sampler = 1024 * 163840 * 52.8 / GIB
+    assert stages[1]["overhead_breakdown_gib"]["sampler"] == pytest.approx(sampler - forward, abs=1e-3)
     assert stages[0]["overhead_breakdown_gib"]["encoder"] > 0
     assert stages[1]["overhead_breakdown_gib"]["encoder"] == 0
     text_only = plan(**GREENNODE, language_model_only=True)["stages"]
     assert text_only[0]["overhead_breakdown_gib"]["encoder"] == 0
 
 
+def test_the_peak_is_the_larger_of_the_forward_and_the_sampler():
+    # profile_run runs them one after the other: the sampler adds only what outgrows the forward.
+    unsorted = plan(**H200_TP8)["stages"][0]["overhead_breakdown_gib"]  # 0.33.0: Triton top-k/top-p, 14 B
+    assert unsorted["activation"] > 1024 * 163840 * 14 / GIB and unsorted["sampler"] == 0
+    sorted_ = plan(**H200_TP8, vllm_version="0.11.2")["stages"][0]["overhead_breakdown_gib"]
+    assert sorted_["activation"] + sorted_["sampler"] == pytest.approx(1024 * 163840 * 51.4 / GIB, abs=1e-3)
+
+
 def test_sampler_scales_with_min_of_seqs_and_batched_tokens():
-    small = plan(**H200_TP8, max_num_seqs=64)["stages"][0]["overhead_breakdown_gib"]["sampler"]
-    assert small == pytest.approx(64 * 163840 * 20 / GIB, abs=1e-4)
-    capped = plan(**H200_TP8, max_num_seqs=512, max_num_batched_tokens=256)
-    assert capped["stages"][0]["overhead_breakdown_gib"]["sampler"] == pytest.approx(256 * 163840 * 20 / GIB, abs=1e-4)
+    small = plan(**H200_TP8, vllm_version="0.11.2", max_num_seqs=64)["stages"][0]["overhead_breakdown_gib"]
+    assert small["sampler"] == 0  # 64 x 163,840 x 51.4 B stay below the forward
+    capped = plan(**H200_TP8, vllm_version="0.11.2", max_num_seqs=4096, max_num_batched_tokens=2048)
+    breakdown = capped["stages"][0]["overhead_breakdown_gib"]
+    assert breakdown["activation"] + breakdown["sampler"] == pytest.approx(2048 * 163840 * 51.4 / GIB, abs=1e-3)
 
 
-def test_activation_grows_with_batched_tokens():
+@pytest.mark.parametrize(
+    ("version", "per_logit"),
+    [
+        ("0.10.2", 14.0),
+        ("0.11.0", 14.0),
+        ("0.11.1", 51.4),
+        ("0.12.0", 51.4),
+        ("0.13.0", 39.2),
+        ("0.14.1", 52.8),
+        ("0.15.0", 52.8),
+        ("0.17.1", 39.4),
+        ("0.18.0", 14.0),
+        ("0.33.0", 14.0),
+    ],
+)
+def test_the_sampler_sorts_the_vocabulary_from_0_11_1_to_0_17(version, per_logit):
+    assert ko.sampler_bytes_per_logit(version) == per_logit
+
+
+def test_the_forward_figure_follows_the_format_and_the_gpu_family():
+    assert ko.forward_bytes_per_unit("0.18.0", "fp8_block", 9) == 11.77
+    assert ko.forward_bytes_per_unit("0.18.0", "fp8_block", 10) == 7.86
+    assert ko.forward_bytes_per_unit("0.18.0", "int_group", 10) == 7.74  # no Blackwell INT4 log: Hopper's
+    assert ko.forward_bytes_per_unit("0.18.0", "bf16", 9) == 11.77  # no log of the format: the largest
+    assert ko.forward_bytes_per_unit("0.11.0", "int_group", 9) == 4.25
+    assert ko.forward_bytes_per_unit("0.16.0", "fp8_block", 12) == 10.3
+
+
+def test_activation_grows_with_batched_tokens_and_experts_per_token():
     low = plan(**H200_TP8, max_num_batched_tokens=2048)["stages"][0]["overhead_breakdown_gib"]["activation"]
     high = plan(**H200_TP8, max_num_batched_tokens=16384)["stages"][0]["overhead_breakdown_gib"]["activation"]
     assert high == pytest.approx(8 * low, rel=1e-3)
+    assert low == pytest.approx(2048 * 8 * 7168 * 7.74 / GIB, abs=1e-3)  # Kimi-K2.7-Code: INT4 experts, 8 per token
 
 
 def test_cudagraph_estimate_only_when_captured_and_subtracted():
@@ -156,6 +207,17 @@ def test_cudagraph_estimate_only_when_captured_and_subtracted():
     assert plan(**H200_TP8, vllm_version="0.11.0")["stages"][0]["overhead_breakdown_gib"]["cudagraph"] == 0
     assert ko.cudagraph_capture_sizes(1024, 8192)[-1] == 512
     assert len(ko.cudagraph_capture_sizes(1024, 8192)) == 3 + 31 + 17
+
+
+def test_blackwell_captures_up_to_1024_from_0_28():
+    assert ko.largest_default_capture(10, "0.27.0") == 512
+    assert ko.largest_default_capture(10, "0.28.0") == 1024
+    assert ko.largest_default_capture(9, "0.33.0") == 512
+    assert ko.cudagraph_capture_sizes(1024, 8192, 1024)[-1] == 1024
+    b200 = {**H200_TP8, "gpu": "b200"}
+    old = plan(**b200, vllm_version="0.27.0")["stages"][0]["overhead_breakdown_gib"]["cudagraph"]
+    new = plan(**b200, vllm_version="0.28.0")["stages"][0]["overhead_breakdown_gib"]["cudagraph"]
+    assert new > old
 
 
 def test_deepep_buffers_with_expert_parallel_only():
