@@ -126,10 +126,11 @@ NON_TORCH_BYTES_WITH_NCCL_INIT = int(1.38 * GIB)
 # DeepEP buffers (vllm/distributed/device_communicators/all2all.py, 0.23.0): VLLM_DEEPEP_BUFFER_SIZE_MB (default
 # 1024, vllm/envs.py) of NVLink buffer, and as much RDMA buffer when the EP group spans nodes.
 DEEPEP_BUFFER_BYTES = 1024 * MIB
-# CUDA-graph estimate per captured graph: "Graph capturing finished ..., took 2.28 GiB" for 51 FULL + 51 PIECEWISE
-# graphs (1,024 sequences) of DeepSeek-R1 on H200 under 0.20.0 (2.27 GiB under 0.18.0 and 0.19.0; Kimi-K2.5 took
-# 1.61 GiB, B200 2.52 GiB under 0.18.0): 2.28 GiB / 102.
-CUDAGRAPH_BYTES_PER_GRAPH = int(2.28 * GIB / 102)
+# CUDA-graph estimate per captured graph: "Graph capturing finished ..., took 2.27 GiB" for 51 FULL + 51 PIECEWISE
+# graphs (1,024 sequences) of DeepSeek-R1 on H200 under 0.18.0 and 0.19.0 (dsr1-h200-0.18.0-*, -0.19.0-*; 2.28 GiB
+# under 0.20.0, Kimi-K2.5 took 1.61 GiB and B200 2.52 GiB under 0.18.0): 2.27 GiB / 102, one figure for every model
+# (the Kimi models' graphs are smaller: the safe side).
+CUDAGRAPH_BYTES_PER_GRAPH = int(2.27 * GIB / 102)
 # Default max_num_seqs / max_num_batched_tokens of `vllm serve` (engine/arg_utils.py
 # _set_default_max_num_seqs_and_batched_tokens_args, the same from 0.22.0 to 0.34.0; EngineArgs._set_default_args in
 # 0.11.0 has the same figures): GPUs of 70 GiB or more (not A100) 1024 / 8192,
