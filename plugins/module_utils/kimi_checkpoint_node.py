@@ -175,6 +175,30 @@ def download_plan(
     }
 
 
+def read_arrival_record(path: Path | None) -> dict[str, dict] | None:
+    """The fetch program's fetch-checked.json (files it checked against their checksum as it took them from a peer,
+    with their stat once in place); None when there is none or it does not parse (then every file is hashed)."""
+    if path is None:
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def checked_on_arrival(directory: Path, files: list[RepoFile], record: dict[str, dict] | None) -> set[str]:
+    """The listed files whose content the fetch program checked on arrival and whose stat (size, mtime, inode) has
+    not changed since: hashing them again would read the same bytes a second time."""
+    if not record:
+        return set()
+    listed = {f.path for f in files}
+    recorded = {name: entry for name, entry in record.items() if name in listed and isinstance(entry, dict)}
+    seen = {name: file_stat(directory / name) for name in recorded}
+    changed = set(bad_paths(stat_differences(recorded, seen)))
+    return set(recorded) - changed
+
+
 def run_verification(
     directory: Path,
     files: list[RepoFile],
@@ -182,8 +206,16 @@ def run_verification(
     only: list[str] | None,
     state_dir: Path | None = None,
     check_mode: bool = False,
+    arrival: dict[str, dict] | None = None,
 ) -> dict[str, Any]:
-    """Verify, record the bad files for the next repair, and return every file's marker entry (its stat now)."""
+    """Verify, record the bad files for the next repair, and return every file's marker entry (its stat now).
+
+    `arrival`: read_arrival_record's; the content of a file checked on arrival, with its stat unchanged, is not
+    hashed again (its size still is checked)."""
+    trusted = checked_on_arrival(directory, files, arrival) if checksums else set()
+    if trusted:
+        scope = [f.path for f in files] if only is None else list(only)
+        only = [name for name in scope if name not in trusted]
     problems = verify(directory, files, checksums, only)
     if problems and state_dir is not None and not check_mode:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -196,6 +228,8 @@ def run_verification(
         "bad": bad_paths(problems),
         # How many files had their content checked (all, or those of `only`): sizes are checked for every one.
         "hashed": sum(1 for f in files if checksums and (only is None or f.path in only)),
+        # How many the fetch program had checked as it took them from a peer (not hashed again).
+        "checked_on_arrival": len(trusted),
         "files": entries,
         "marker_version": MARKER_VERSION,
     }

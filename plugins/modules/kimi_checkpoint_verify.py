@@ -34,6 +34,12 @@ options:
   state_dir:
     description: Where the bad-file record is written.
     type: path
+  arrival_record:
+    description:
+      - The fetch program's fetch-checked.json (files it checked against their checksum as it took them from a
+        peer, with their stat once in place). The content of such a file is not hashed again while its size, mtime
+        and inode are as recorded; its size still is checked. Missing or unreadable, every file is hashed.
+    type: path
 author:
   - Kimi K2 deployment collection
 extends_documentation_fragment:
@@ -75,6 +81,10 @@ hashed:
   description: How many files had their content checked.
   returned: always
   type: int
+checked_on_arrival:
+  description: How many files the fetch program had checked on arrival, and were not hashed again.
+  returned: always
+  type: int
 files:
   description: Path to its marker entry (sha256, git_oid, size, mtime_ns, ino) for every file on disk.
   returned: always
@@ -88,7 +98,11 @@ marker_version:
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import repo_files, run_verification
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import (
+    read_arrival_record,
+    repo_files,
+    run_verification,
+)
 
 
 def main() -> None:
@@ -99,6 +113,7 @@ def main() -> None:
             "checksums": {"type": "bool", "default": True},
             "only": {"type": "list", "elements": "str"},
             "state_dir": {"type": "path"},
+            "arrival_record": {"type": "path"},
         },
         supports_check_mode=True,
     )
@@ -110,6 +125,7 @@ def main() -> None:
         params["only"],
         state_dir=Path(params["state_dir"]) if params["state_dir"] else None,
         check_mode=module.check_mode,
+        arrival=read_arrival_record(Path(params["arrival_record"]) if params["arrival_record"] else None),
     )
     module.exit_json(changed=False, **result)
 

@@ -120,6 +120,20 @@ def assert_marked_and_closed(lab, bulk: dict, nodes: list[str]) -> None:
         assert f":{PEER_PORT} " not in listening, f"{node} still serves the checkpoint after the phase:\n{listening}"
 
 
+VERIFY_TASK = "Verify every file (size, and sha256 or git blob id where the Hub gives one)"
+
+
+def assert_read_once(result, nodes, from_mirror=()):
+    """Each node that took the checkpoint from its peers: the fetch program checked every file as it came, and the
+    role's verification hashed only the files that came from elsewhere (`from_mirror`), not the same bytes again."""
+    verified = result.results_of(VERIFY_TASK)
+    for node in nodes:
+        got = verified[node]
+        assert got.get("ok"), (node, got.get("problems"))
+        expected = (len(from_mirror), len(got.get("files", {})) - len(from_mirror))
+        assert (got.get("hashed"), got.get("checked_on_arrival")) == expected, (node, got.get("hashed"))
+
+
 def test_the_checkpoint_comes_from_the_mirror_once_and_spreads_in_rounds(lab_controller, bulk):
     lab = lab_controller
     figures: dict[str, dict] = {}
@@ -136,8 +150,9 @@ def test_the_checkpoint_comes_from_the_mirror_once_and_spreads_in_rounds(lab_con
             "mirror_bytes": sum(bulk["files"][name] * n for name, n in fetched.items()),
             "peer_bytes": {node: sum(by.values()) for node, by in served.items()},
         }
-        # Each node but the seed got every byte from a peer, once.
+        # Each node but the seed got every byte from a peer, once, and read it once.
         assert sum(figures[f"spread_{count}"]["peer_bytes"].values()) == (count - 1) * bulk["total_bytes"]
+        assert_read_once(result, NODES[1:count])
     # Four nodes: node2 from node1 in round 1, node3 and node4 from one holder each in round 2.
     assert set(figures["spread_4"]["peer_bytes"]) == {"node1", "node2"}, figures["spread_4"]
 
@@ -252,5 +267,6 @@ def test_a_file_every_peer_serves_corrupt_comes_from_the_mirror_with_a_warning(l
         str(r.get("msg", "")) for r in result.results_of("Say why this node leaves its peers for the Hub").values()
     ]
     assert any(w.startswith("WARNING node4: every peer failed") and first in w for w in warnings), warnings
+    assert_read_once(result, ["node4"], from_mirror=[first])
     assert_marked_and_closed(lab, bulk, ["node4"])
     wipe(lab)

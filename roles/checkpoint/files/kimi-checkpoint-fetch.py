@@ -18,7 +18,10 @@ needs none of the Hub's protocol (docs/air-gapped.md, docs/checkpoint.md). Why n
 node may have none of them; python3 is there for Ansible, and the checksums the Hub lists include git blob ids that
 no download tool checks. Partial files go where the role's progress report counts hf's own
 (`<dir>/.cache/huggingface/download/<path>.incomplete`), so progress and stall detection work the same. The role
-verifies every file again afterwards (kimi_checkpoint_verify) before it writes the marker.
+verifies every file again afterwards (kimi_checkpoint_verify) before it writes the marker, except the content of a
+file this program checked as it took it from a peer: fetch-checked.json, beside the list, records each such file's
+stat (size, mtime, inode) once it is in place, and the verification hashes it again only when that stat changed,
+so a 595 GB checkpoint is read once on arrival, not twice.
 
 Standard library only. Usage: kimi-checkpoint-fetch.py LIST.json DIR
 """
@@ -119,10 +122,12 @@ def fetch(
     sha256: str | None = None,
     git_oid: str | None = None,
     peers: bool = False,
+    checked: dict[str, dict[str, int]] | None = None,
 ) -> bool:
     """The file at `directory/path` with `size` bytes (and its checksum, when listed) from the first source that
     gives it; False when it was there already, True when fetched. From peers (`peers`, or several sources) each
-    file's checksum is checked before it is kept, and every source failing is EverySourceFailedError."""
+    file's checksum is checked before it is kept, and every source failing is EverySourceFailedError; a file kept
+    after its checksum passed gets its stat in `checked`."""
     target = directory / path
     if target.is_file() and not target.is_symlink() and target.stat().st_size == size:
         return False
@@ -144,6 +149,8 @@ def fetch(
         if problem is None:
             target.parent.mkdir(parents=True, exist_ok=True)
             partial.replace(target)
+            if peers and (sha256 or git_oid) and checked is not None:
+                checked[path] = file_stat(target)
             return True
         partial.unlink()
         failures.append(f"{url}: {problem} (deleted)")
@@ -151,6 +158,18 @@ def fetch(
     if not peers:
         raise FetchError(failures[0])
     raise EverySourceFailedError(f"{path}: every source failed: " + "; ".join(failures))
+
+
+def file_stat(path: Path) -> dict[str, int]:
+    """The stat the role's verification compares (kimi_checkpoint.file_stat's fields)."""
+    found = path.stat()
+    return {"size": found.st_size, "mtime_ns": found.st_mtime_ns, "ino": found.st_ino}
+
+
+def checked_list(listed: Path) -> Path:
+    """Where the files whose checksum this program checked on arrival are recorded, with their stat, beside the
+    list (the role's verification does not hash them again while that stat holds)."""
+    return listed.with_name("fetch-checked.json")
 
 
 def failed_list(listed: Path) -> Path:
@@ -166,8 +185,10 @@ def main(argv: list[str]) -> int:
     listed = json.loads(listing.read_text())
     directory = Path(argv[2])
     failed_list(listing).unlink(missing_ok=True)
+    checked_list(listing).unlink(missing_ok=True)
     fetched = 0
     failed: list[str] = []
+    checked: dict[str, dict[str, int]] = {}
     for item in listed:
         urls = [str(url) for url in item.get("urls") or [item["url"]]]
         try:
@@ -179,6 +200,7 @@ def main(argv: list[str]) -> int:
                 item.get("sha256"),
                 item.get("git_oid"),
                 peers="urls" in item,
+                checked=checked,
             )
         except EverySourceFailedError as error:
             # The other files may still come from the peers: only this one goes to the Hub.
@@ -187,6 +209,9 @@ def main(argv: list[str]) -> int:
         except FetchError as error:
             print(f"Error: {error}", flush=True)
             return 1
+        finally:
+            # Written as it grows: what was checked stays recorded whatever stops the program after.
+            checked_list(listing).write_text(json.dumps(checked, sort_keys=True) + "\n")
     print(f"fetched {fetched} of {len(listed)} files", flush=True)
     if failed:
         failed_list(listing).write_text(json.dumps(failed) + "\n")

@@ -195,3 +195,65 @@ def test_one_peer_is_checked_too_and_its_bad_file_sends_the_node_to_the_hub(mirr
     listed.write_text(json.dumps([{"url": f"{mirror}/hf/a", "path": "a", "size": len(DATA), "sha256": "0" * 64}]))
     assert fetch.main(["fetch", str(listed), str(tmp_path / "mirror")]) == 0
     assert (tmp_path / "mirror" / "a").read_bytes() == DATA and not (tmp_path / "peer" / "a").exists()
+
+
+# ------------------------------------------------------------------ what the program checked, for the verification
+
+
+def test_the_files_checked_on_arrival_are_recorded_with_their_stat(mirror, tmp_path):
+    """A peer's file kept after its checksum passed is recorded; the mirror's (left to the verification), one without
+    a checksum and one that was there already are not; the record is written again by every run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "there").write_bytes(DATA)
+    listed = tmp_path / "list.json"
+    listed.write_text(
+        json.dumps(
+            [
+                {"urls": [f"{mirror}/hf/a"], "path": "peer", "size": len(DATA), "sha256": SHA256},
+                {"urls": [f"{mirror}/hf/b"], "path": "sub/blob", "size": len(DATA), "git_oid": BLOB_ID},
+                {"urls": [f"{mirror}/hf/c"], "path": "unlisted", "size": len(DATA)},
+                {"url": f"{mirror}/hf/d", "path": "mirror", "size": len(DATA), "sha256": SHA256},
+                {"urls": [f"{mirror}/hf/e"], "path": "there", "size": len(DATA), "sha256": SHA256},
+            ]
+        )
+    )
+    assert fetch.main(["fetch", str(listed), str(out)]) == 0
+    record = json.loads((tmp_path / "fetch-checked.json").read_text())
+    assert sorted(record) == ["peer", "sub/blob"]
+    found = (out / "peer").stat()
+    assert record["peer"] == {"size": found.st_size, "mtime_ns": found.st_mtime_ns, "ino": found.st_ino}
+    assert fetch.main(["fetch", str(listed), str(out)]) == 0  # everything there now: nothing checked this time
+    assert json.loads((tmp_path / "fetch-checked.json").read_text()) == {}
+
+
+def test_the_verification_does_not_hash_what_was_checked_on_arrival_while_its_stat_holds(mirror, tmp_path):
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint import RepoFile
+    from ansible_collections.kimi.k2.plugins.module_utils.kimi_checkpoint_node import (
+        read_arrival_record,
+        run_verification,
+    )
+
+    out = tmp_path / "out"
+    listed = tmp_path / "list.json"
+    names = ("a", "b")
+    listed.write_text(
+        json.dumps([{"urls": [f"{mirror}/hf/{n}"], "path": n, "size": len(DATA), "sha256": SHA256} for n in names])
+    )
+    assert fetch.main(["fetch", str(listed), str(out)]) == 0
+    files = [RepoFile(n, len(DATA), SHA256, None) for n in names]
+    record = read_arrival_record(tmp_path / "fetch-checked.json")
+    result = run_verification(out, files, True, None, arrival=record)
+    assert result["ok"] and (result["hashed"], result["checked_on_arrival"]) == (0, 2)
+    # b overwritten in place after the check (same size, new mtime): hashed again, and its corruption found.
+    with (out / "b").open("r+b") as stream:
+        stream.write(b"\xff")
+    result = run_verification(out, files, True, None, arrival=record)
+    assert (result["hashed"], result["checked_on_arrival"]) == (1, 1)
+    assert result["bad"] == ["b"]
+    # Without the record (checkpoint_force_verify, another source), or with one that does not parse: every file.
+    (tmp_path / "fetch-checked.json").write_text("{not json")
+    assert read_arrival_record(tmp_path / "fetch-checked.json") is None
+    assert run_verification(out, files, True, None, arrival=None)["hashed"] == 2
+    # `only` (a marker's stale files) is narrowed the same way.
+    assert run_verification(out, files, True, ["a"], arrival=record)["hashed"] == 0
