@@ -215,6 +215,8 @@ def run_verification(
     trusted = checked_on_arrival(directory, files, arrival) if checksums else set()
     if trusted:
         scope = [f.path for f in files] if only is None else list(only)
+        # Counted among the files this run would have hashed: the others were not going to be read anyway.
+        trusted &= set(scope)
         only = [name for name in scope if name not in trusted]
     problems = verify(directory, files, checksums, only)
     if problems and state_dir is not None and not check_mode:
