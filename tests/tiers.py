@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,10 +67,12 @@ class Group:
 
     @property
     def watched(self) -> tuple[str, ...]:
-        """Its paths, and for a Molecule group its own scenarios' directories and what every scenario shares."""
-        if self.kind != "molecule":
-            return self.paths
-        return (*self.paths, *MOLECULE_BASE, *(f"molecule/{scenario}/" for scenario in self.scenarios))
+        """Its paths (for a Molecule group also its own scenarios' directories and what every scenario shares), and
+        the collection code they call (code_called_by)."""
+        own = self.paths
+        if self.kind == "molecule":
+            own = (*self.paths, *MOLECULE_BASE, *(f"molecule/{scenario}/" for scenario in self.scenarios))
+        return (*own, *code_called_by(own))
 
     def command(self) -> list[str]:
         if self.kind == "molecule":
@@ -78,6 +82,80 @@ class Group:
         if self.kind == "local":
             return [*pytest, "-n", "2", "--dist", "loadfile", "tests/local"]
         return [*pytest, "-m", "lab", "tests/lab"]
+
+
+# ---------------------------------------------------------------- the code a group's paths call
+# A group lists the roles, playbooks and tests it exercises; what those call is found here, not listed by hand (a
+# hand list missed the planner that the serve golden files embed, and CI failed on a group no one had run). From a
+# role or playbook: the roles it runs (`role:`, include_role/import_role `name:`), the playbooks it imports, the
+# modules, action plugins and filters it names as kimi.k2.<name>; from Python (plugins, bin/, contrib/, tests): the
+# module_utils and plugin_utils it imports; and so on, transitively. site.yml is watched as a file only: every lab
+# test converges it, and expanding it would make every lab group depend on every role.
+NOT_EXPANDED = ("site.yml",)
+SCANNED_SUFFIXES = {".yml", ".yaml", ".j2", ".py", ""}
+COLLECTION_NAME = re.compile(r"\bkimi\.k2\.(\w+)\b")
+IMPORTED_UTIL = re.compile(r"kimi\.k2\.plugins\.(module_utils|plugin_utils)\.(\w+)")
+RELATIVE_IMPORT = re.compile(r"^from \.(\w+) import", re.MULTILINE)
+ROLE_NAME = re.compile(
+    r"^\s*-?\s*role:\s*(?:kimi\.k2\.)?(\w+)\s*$"
+    r"|(?:include_role|import_role):\s*\n\s+name:\s*(?:kimi\.k2\.)?(\w+)\s*$",
+    re.MULTILINE,
+)
+IMPORTED_PLAYBOOK = re.compile(r"import_playbook:\s*(\S+)\s*$", re.MULTILINE)
+
+
+def _files_under(prefix: str) -> list[Path]:
+    """The files a watched prefix names: a directory's files, a file, or every file whose path starts with it."""
+    matches = REPO_ROOT.glob(prefix.rstrip("/") + "*") if not prefix.endswith("/") else [REPO_ROOT / prefix]
+    files: list[Path] = []
+    for match in matches:
+        found = match.rglob("*") if match.is_dir() else [match]
+        files.extend(f for f in found if f.is_file() and "__pycache__" not in f.parts and f.suffix in SCANNED_SUFFIXES)
+    return files
+
+
+@functools.cache
+def _filter_files() -> dict[str, str]:
+    """Filter name -> the plugins/filter file that defines it."""
+    defined: dict[str, str] = {}
+    for path in sorted((REPO_ROOT / "plugins" / "filter").glob("*.py")):
+        for name in re.findall(r"""["'](\w+)["']\s*:""", path.read_text()):
+            defined.setdefault(name, f"plugins/filter/{path.name}")
+    return defined
+
+
+def _called(path: Path) -> set[str]:
+    """The repository paths one file calls or imports (roles as their directories)."""
+    text = path.read_text(errors="replace")
+    called: set[str] = set()
+    for kind, name in IMPORTED_UTIL.findall(text):
+        called.add(f"plugins/{kind}/{name}.py")
+    if path.suffix == ".py" and "plugins" in path.relative_to(REPO_ROOT).parts:
+        called.update(f"plugins/module_utils/{name}.py" for name in RELATIVE_IMPORT.findall(text))
+    if path.suffix in (".yml", ".yaml", ".j2"):
+        for name in COLLECTION_NAME.findall(text):
+            called.update(f"plugins/{kind}/{name}.py" for kind in ("modules", "action"))
+            if name in _filter_files():
+                called.add(_filter_files()[name])
+        for role, included in ROLE_NAME.findall(text):
+            called.add(f"roles/{role or included}/")
+        for playbook in IMPORTED_PLAYBOOK.findall(text):
+            called.add(str((path.parent / playbook).resolve().relative_to(REPO_ROOT.resolve())))
+    return {p for p in called if (REPO_ROOT / p).exists()}
+
+
+@functools.cache
+def code_called_by(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The collection's files and roles that `paths` call, transitively, less those the paths already cover."""
+    seen: set[str] = set()
+    todo = [p for p in paths if p not in NOT_EXPANDED]
+    while todo:
+        prefix = todo.pop()
+        for file in _files_under(prefix):
+            for called in _called(file) - seen:
+                seen.add(called)
+                todo.append(called)
+    return tuple(sorted(p for p in seen if not any(p.startswith(own) for own in paths)))
 
 
 # Paths every lab group depends on: the lab itself and the converge every lab test starts from.

@@ -167,3 +167,64 @@ def test_changed_since_names_committed_modified_and_new_files_whole(monkeypatch)
         "roles/vllm/tasks/main.yml",
         "tests/tiers.py",
     ]
+
+
+def test_a_group_watches_the_code_its_roles_and_playbooks_call():
+    serve = tiers.by_name("local-serve")
+    # The serve golden files hold the planned KV budget: the planner is the kimi role's, which serve.yml runs.
+    assert tiers.touches(serve, ["plugins/module_utils/kimi_overhead.py"])
+    assert tiers.touches(serve, ["roles/kimi/defaults/main.yml"])
+    assert not tiers.touches(serve, ["docs/planner.md"])
+    spread = tiers.by_name("lab-checkpoint-spread")
+    assert tiers.touches(spread, ["plugins/modules/kimi_checkpoint_verify.py"])
+    # site.yml is watched as a file: the router, which only site.yml's converge runs here, is not this group's.
+    assert not tiers.touches(spread, ["roles/router/tasks/main.yml"])
+    # bin/kimi-bundle imports the pin set's code.
+    assert tiers.touches(tiers.by_name("local-bundle"), ["plugins/module_utils/kimi_pinset.py"])
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A repository of a playbook, roles, a module, a filter and module_utils, as tiers.py reads one."""
+    files = {
+        "site.yml": "- ansible.builtin.import_playbook: playbooks/p.yml\n",
+        "playbooks/p.yml": "- hosts: all\n  roles:\n    - role: a\n",
+        "roles/a/tasks/main.yml": (
+            '- name: Call\n  kimi.k2.mod_a:\n    value: "{{ x | kimi.k2.filt }}"\n'
+            "- name: Include\n  ansible.builtin.include_role:\n    name: b\n"
+        ),
+        "roles/b/tasks/main.yml": "- name: Nothing\n  ansible.builtin.debug:\n",
+        "roles/c/tasks/main.yml": "- name: Never called\n  kimi.k2.mod_c:\n",
+        "plugins/modules/mod_a.py": "from ansible_collections.kimi.k2.plugins.module_utils.util_a import f\n",
+        "plugins/modules/mod_c.py": "from ansible_collections.kimi.k2.plugins.module_utils.util_c import f\n",
+        "plugins/module_utils/util_a.py": "from .util_b import g\n",
+        "plugins/module_utils/util_b.py": "",
+        "plugins/module_utils/util_c.py": "",
+        "plugins/filter/f.py": 'def filters(self):\n    return {"filt": filt}\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(tiers, "REPO_ROOT", tmp_path)
+    tiers.code_called_by.cache_clear()
+    tiers._filter_files.cache_clear()
+    yield tmp_path
+    tiers.code_called_by.cache_clear()
+    tiers._filter_files.cache_clear()
+
+
+def test_what_a_playbook_calls_is_found_through_roles_modules_filters_and_imports(tree):
+    assert tiers.code_called_by(("playbooks/p.yml",)) == (
+        "plugins/filter/f.py",
+        "plugins/module_utils/util_a.py",
+        "plugins/module_utils/util_b.py",
+        "plugins/modules/mod_a.py",
+        "roles/a/",
+        "roles/b/",
+    )
+    # What the paths already cover is not listed again.
+    assert tiers.code_called_by(("playbooks/p.yml", "roles/", "plugins/")) == ()
+    # An imported playbook is followed, except from site.yml (every lab test converges it).
+    (tree / "playbooks" / "all.yml").write_text("- ansible.builtin.import_playbook: p.yml\n")
+    assert "roles/a/" in tiers.code_called_by(("playbooks/all.yml",))
+    assert tiers.code_called_by(("site.yml",)) == ()
