@@ -110,6 +110,16 @@ FORWARD_BYTES_BY_RELEASE = (
         "dsr1-h200-0.18.0-*, -0.19.0-* (6.10 GiB), dsr1-b200-0.18.0-* (4.39 GiB), k2.5-h200-0.18.0-* (4.98 GiB)",
     ),
 )
+# A format on a GPU family without a figure of its own takes the format's Hopper figure where vLLM runs the same
+# MoE buffers there, and the range's largest where, from a release on, it runs a kernel of its own that no log
+# measures: (format, GPU family) -> that release. INT4 experts on data-centre Blackwell: from 0.23.0 FlashInfer's
+# TRT-LLM MXINT4 MoE comes first in the WNA16 backend priorities (vllm/model_executor/layers/fused_moe/oracle/
+# int_wna16.py of 0.23.0 to 0.33.0; it takes the K2 checkpoints' symmetric groups of 32) and allocates its buffers
+# inside FlashInfer. Up to 0.22 Blackwell ran Marlin, as Hopper does (FlashInfer only with
+# VLLM_USE_FLASHINFER_MOE_INT4=1, vllm/envs.py of 0.18.0). On Hopper 0.33.0 puts Humming before Marlin
+# (quantization/utils/humming/priority.py), whose two workspaces are Marlin's (tokens x experts per token x hidden
+# in BF16: experts/fused_humming_moe.py and experts/marlin_moe.py); the RTX PRO 6000 (sm_120) runs Marlin.
+OWN_MOE_KERNEL_SINCE = {("int_group", 10): (0, 23, 0)}
 # MoonViT's hidden size (K2.5-based checkpoints' vision_config.hidden_size; the miniature config test in
 # tests/unit uses the same 1152). The encoder's dummy batch is costed at 73.2 B per token and hidden unit over
 # max_num_batched_tokens tokens of this width: an estimate by analogy (the figure an earlier fit gave the language
@@ -306,11 +316,14 @@ def sampler_bytes_per_logit(version: str) -> float:
 
 def forward_bytes_per_unit(version: str, routed_format: str, compute_major: int | None) -> float:
     """The dummy forward's bytes per token x expert per token x hidden unit (FORWARD_BYTES_BY_RELEASE): the
-    range's figure for this format and GPU family, else for this format on Hopper, else the range's largest."""
+    range's figure for this format and GPU family, else for this format on Hopper (unless this family runs a MoE
+    kernel of its own in this release, OWN_MOE_KERNEL_SINCE), else the range's largest."""
     figures = _by_release(FORWARD_BYTES_BY_RELEASE, version)[1]
-    for key in ((routed_format, compute_major), (routed_format, 9)):
-        if key in figures:
-            return figures[key]
+    if (routed_format, compute_major) in figures:
+        return figures[(routed_format, compute_major)]
+    own_kernel_since = OWN_MOE_KERNEL_SINCE.get((routed_format, compute_major))
+    if (routed_format, 9) in figures and not (own_kernel_since and _at_least(version, own_kernel_since)):
+        return figures[(routed_format, 9)]
     return max(figures.values())
 
 

@@ -188,7 +188,14 @@ def test_the_sampler_sorts_the_vocabulary_from_0_11_1_to_0_17(version, per_logit
 def test_the_forward_figure_follows_the_format_and_the_gpu_family():
     assert ko.forward_bytes_per_unit("0.18.0", "fp8_block", 9) == 11.77
     assert ko.forward_bytes_per_unit("0.18.0", "fp8_block", 10) == 7.86
-    assert ko.forward_bytes_per_unit("0.18.0", "int_group", 10) == 7.74  # no Blackwell INT4 log: Hopper's
+    # No Blackwell INT4 log: Hopper's figure while Blackwell runs Hopper's Marlin (to 0.22), the largest once it
+    # runs FlashInfer's TRT-LLM MXINT4 MoE (0.23.0 on); the RTX PRO 6000 (sm_120) keeps Marlin.
+    assert ko.forward_bytes_per_unit("0.18.0", "int_group", 10) == 7.74
+    assert ko.forward_bytes_per_unit("0.22.0", "int_group", 10) == 7.74
+    assert ko.forward_bytes_per_unit("0.23.0", "int_group", 10) == 11.77
+    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 10) == 11.77
+    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 12) == 7.74
+    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 9) == 7.74
     assert ko.forward_bytes_per_unit("0.18.0", "bf16", 9) == 11.77  # no log of the format: the largest
     assert ko.forward_bytes_per_unit("0.11.0", "int_group", 9) == 4.25
     assert ko.forward_bytes_per_unit("0.16.0", "fp8_block", 12) == 10.3
