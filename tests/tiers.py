@@ -69,9 +69,9 @@ class Group:
     def watched(self) -> tuple[str, ...]:
         """Its paths (for a Molecule group also its own scenarios' directories and what every scenario shares), and
         the collection code they call (code_called_by)."""
-        own = self.paths
+        own = (*self.paths, *ANSIBLE_BASE)
         if self.kind == "molecule":
-            own = (*self.paths, *MOLECULE_BASE, *(f"molecule/{scenario}/" for scenario in self.scenarios))
+            own = (*own, *MOLECULE_BASE, *(f"molecule/{scenario}/" for scenario in self.scenarios))
         return (*own, *code_called_by(own))
 
     def command(self) -> list[str]:
@@ -173,6 +173,9 @@ SERVING = (
     "plugins/modules/kimi_start_phases.py",
     "inventories/lab/",
 )
+
+# What every group's Ansible runs read (each group runs ansible-playbook or Molecule from the checkout).
+ANSIBLE_BASE = ("ansible.cfg",)
 
 # What every Molecule scenario shares (Group.watched adds each group's own scenario directories).
 MOLECULE_BASE = ("molecule/shared/", ".config/molecule/")

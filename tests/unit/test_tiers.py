@@ -181,6 +181,8 @@ def test_a_group_watches_the_code_its_roles_and_playbooks_call():
     assert not tiers.touches(spread, ["roles/router/tasks/main.yml"])
     # bin/kimi-bundle imports the pin set's code.
     assert tiers.touches(tiers.by_name("local-bundle"), ["plugins/module_utils/kimi_pinset.py"])
+    # Every group runs Ansible with the checkout's configuration.
+    assert all(tiers.touches(group, ["ansible.cfg"]) for group in tiers.GROUPS)
 
 
 @pytest.fixture
