@@ -174,22 +174,18 @@ def test_the_ray_role_forms_a_two_node_cluster_and_its_check_passes(serving, tmp
 
 
 def test_a_node_failing_a_phase_stops_the_later_phases_and_the_healthy_node_is_not_touched(serving):
-    # node2 must fetch a file of its checkpoint again (the file and the marker are gone: with every file
-    # present the role verifies and never runs hf) and its hf CLI fails: node2 fails the checkpoint phase. The
-    # serve and verify phases must stop at their start with one message naming node2, the phase and what
-    # failed, and rank 0 on node1 must keep running as it was.
-    hf = "/opt/kimi-hf/2.4.0/bin/hf"
+    # node2 must fetch a file of its checkpoint again (the file and the marker are gone: with every file present
+    # the role verifies and fetches nothing), and a free-space margin no disk has makes its checkpoint phase refuse
+    # before a byte moves: node2 fails the checkpoint phase (node1 holds the checkpoint and only serves it). The
+    # serve and verify phases must stop at their start with one message naming node2, the phase and what failed,
+    # and rank 0 on node1 must keep running as it was.
     marker = "/data/models/lab-mini/.kimi-checkpoint.json"
     missing = "/data/models/lab-mini/tokenizer_config.json"
     before_rank0 = unit(serving, RANK0)
-    broken = serving.ssh(
-        "node2",
-        f"cp -p {hf} {hf}.kept && rm -f {marker} {missing} && "
-        f"printf '#!/bin/sh\\necho hf: simulated failure >&2\\nexit 3\\n' > {hf}",
-    )
+    broken = serving.ssh("node2", f"rm -f {marker} {missing}")
     assert broken.returncode == 0, broken.stderr
     try:
-        result = run_site()
+        result = run_site(extravars={"checkpoint_margin_bytes": 2**62})
         assert result.rc != 0
         checkpoint_failures = [f for f in result.failures if f["host"] == "node2" and not f["unreachable"]]
         assert checkpoint_failures, result.failure_messages()
@@ -207,8 +203,9 @@ def test_a_node_failing_a_phase_stops_the_later_phases_and_the_healthy_node_is_n
         assert not any("HostVarsVars" in m for m in result.failure_messages())
         after = unit(serving, RANK0)
         assert after["InvocationID"] == before_rank0["InvocationID"] and after["ActiveState"] == "active"
+        refused = [f for f in checkpoint_failures if "Refuse when the disk cannot take" in f["task"]]
+        assert refused, result.failure_messages()
     finally:
-        serving.ssh("node2", f"mv -f {hf}.kept {hf}")
-    repaired = run_site(tags="checkpoint")
+        repaired = run_site(tags="checkpoint")
     assert repaired.rc == 0, repaired.failure_messages()
     assert serving.ssh("node2", f"test -s {marker} && test -s {missing}").returncode == 0
