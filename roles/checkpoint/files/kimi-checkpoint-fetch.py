@@ -23,11 +23,18 @@ file this program checked as it took it from a peer: fetch-checked.json, beside 
 stat (size, mtime, inode) once it is in place, and the verification hashes it again only when that stat changed,
 so a 595 GB checkpoint is read once on arrival, not twice.
 
-Standard library only. Usage: kimi-checkpoint-fetch.py LIST.json DIR
+`--workers N` fetches N files at once (the role passes checkpoint_hf_max_workers, as it does to `hf download`): one
+HTTP stream and one sha256 run at about a core's speed, 1-2 GB/s, well below a 100-400 Gb/s cluster network, so a
+node takes several files at a time, each over its own connection and hashed on its own thread (hashlib releases
+the GIL on large blocks).
+
+Standard library only. Usage: kimi-checkpoint-fetch.py [--workers N] LIST.json DIR
 """
 
 from __future__ import annotations
 
+import argparse
+import concurrent.futures
 import hashlib
 import json
 import sys
@@ -177,43 +184,84 @@ def failed_list(listed: Path) -> Path:
     return listed.with_name("fetch-failed.json")
 
 
+def parse_arguments(argv: list[str]) -> argparse.Namespace | None:
+    """LIST.json, DIR and --workers (at least 1); None, after an error line, when they are not usable."""
+    parser = argparse.ArgumentParser(prog="kimi-checkpoint-fetch.py", add_help=False)
+    parser.add_argument("--workers", default="1")
+    parser.add_argument("listing")
+    parser.add_argument("directory")
+    try:
+        arguments, unknown = parser.parse_known_args(argv[1:])
+    except SystemExit:
+        arguments, unknown = None, []
+    if arguments is None or unknown or not arguments.workers.isdigit() or int(arguments.workers) < 1:
+        print("Error: usage: kimi-checkpoint-fetch.py [--workers N (1 or more)] LIST.json DIR", file=sys.stderr)
+        return None
+    arguments.workers = int(arguments.workers)
+    return arguments
+
+
+def fetch_item(item: dict, directory: Path) -> tuple[bool, dict[str, dict[str, int]]]:
+    """One listed file (fetch), with what it checked on arrival (its own record: the caller merges them)."""
+    checked: dict[str, dict[str, int]] = {}
+    urls = [str(url) for url in item.get("urls") or [item["url"]]]
+    fetched = fetch(
+        urls,
+        directory,
+        str(item["path"]),
+        int(item["size"]),
+        item.get("sha256"),
+        item.get("git_oid"),
+        peers="urls" in item,
+        checked=checked,
+    )
+    return fetched, checked
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("Error: usage: kimi-checkpoint-fetch.py LIST.json DIR", file=sys.stderr)
+    arguments = parse_arguments(argv)
+    if arguments is None:
         return 2
-    listing = Path(argv[1])
+    listing = Path(arguments.listing)
     listed = json.loads(listing.read_text())
-    directory = Path(argv[2])
+    directory = Path(arguments.directory)
     failed_list(listing).unlink(missing_ok=True)
     checked_list(listing).unlink(missing_ok=True)
     fetched = 0
     failed: list[str] = []
+    fatal: FetchError | None = None
     checked: dict[str, dict[str, int]] = {}
-    for item in listed:
-        urls = [str(url) for url in item.get("urls") or [item["url"]]]
-        try:
-            fetched += fetch(
-                urls,
-                directory,
-                str(item["path"]),
-                int(item["size"]),
-                item.get("sha256"),
-                item.get("git_oid"),
-                peers="urls" in item,
-                checked=checked,
-            )
-        except EverySourceFailedError as error:
-            # The other files may still come from the peers: only this one goes to the Hub.
-            print(f"Error: {error}", flush=True)
-            failed.append(str(item["path"]))
-        except FetchError as error:
-            print(f"Error: {error}", flush=True)
-            return 1
-        finally:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=arguments.workers) as pool:
+        running = {pool.submit(fetch_item, item, directory): str(item["path"]) for item in listed}
+        # Results are taken here, on one thread: the record and the counts are never written from two at once.
+        for done in concurrent.futures.as_completed(running):
+            try:
+                was_fetched, was_checked = done.result()
+            except EverySourceFailedError as error:
+                # The other files may still come from the peers: only this one goes to the Hub.
+                print(f"Error: {error}", flush=True)
+                failed.append(running[done])
+                continue
+            except FetchError as error:
+                # From the mirror there is no other source: files not started yet are not asked for; those under
+                # way end as they end (their partial files are continued by the next run).
+                print(f"Error: {error}", flush=True)
+                fatal = fatal or error
+                for waiting in running:
+                    waiting.cancel()
+                continue
+            except concurrent.futures.CancelledError:
+                continue
+            fetched += was_fetched
+            checked.update(was_checked)
             # Written as it grows: what was checked stays recorded whatever stops the program after.
             checked_list(listing).write_text(json.dumps(checked, sort_keys=True) + "\n")
+    checked_list(listing).write_text(json.dumps(checked, sort_keys=True) + "\n")
+    if fatal is not None:
+        return 1
     print(f"fetched {fetched} of {len(listed)} files", flush=True)
     if failed:
+        failed = [str(item["path"]) for item in listed if str(item["path"]) in set(failed)]
         failed_list(listing).write_text(json.dumps(failed) + "\n")
         print(f"Error: every source failed for {len(failed)} file(s): {', '.join(failed)}", flush=True)
         return 3

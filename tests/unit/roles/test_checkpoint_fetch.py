@@ -258,3 +258,69 @@ def test_the_verification_does_not_hash_what_was_checked_on_arrival_while_its_st
     # `only` (a marker's stale files) is narrowed the same way.
     narrowed = run_verification(out, files, True, ["a"], arrival=record)
     assert (narrowed["hashed"], narrowed["checked_on_arrival"]) == (0, 1)
+
+
+# ------------------------------------------------------------------------- several files at once (--workers)
+
+
+class Gate(Mirror):
+    """Serves DATA only once `parties` requests are in flight together (a 503 when they never are)."""
+
+    barrier: ClassVar[threading.Barrier] = threading.Barrier(1)
+
+    def do_GET(self):
+        try:
+            type(self).barrier.wait()
+        except threading.BrokenBarrierError:
+            self.send_error(503)
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def gate():
+    servers = []
+
+    def start(parties: int, timeout: float) -> str:
+        Gate.ranges, Gate.requests, Gate.barrier = True, [], threading.Barrier(parties, timeout=timeout)
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_workers_fetch_that_many_files_at_once(gate, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fetch, "RETRY_SECONDS", 0)
+    url = gate(3, timeout=10)
+    listed = tmp_path / "list.json"
+    names = ("a", "b", "c")
+    items = [{"urls": [f"{url}/hf/{n}"], "path": n, "size": len(DATA), "sha256": SHA256} for n in names]
+    listed.write_text(json.dumps(items))
+    # Three files held back until three requests are in flight: with three workers they all come.
+    assert fetch.main(["fetch", "--workers", "3", str(listed), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.strip().endswith("fetched 3 of 3 files")
+    assert all((tmp_path / "out" / n).read_bytes() == DATA for n in names)
+    assert sorted(json.loads((tmp_path / "fetch-checked.json").read_text())) == list(names)
+
+
+def test_one_worker_asks_for_one_file_at_a_time(gate, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(fetch, "RETRY_SECONDS", 0)
+    url = gate(2, timeout=0.5)
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([{"urls": [f"{url}/hf/{n}"], "path": n, "size": len(DATA)} for n in ("a", "b")]))
+    # Alone, each request waits for a second that never comes: every file fails and goes to the Hub, in list order.
+    assert fetch.main(["fetch", str(listed), str(tmp_path / "out")]) == 3
+    assert json.loads((tmp_path / "fetch-failed.json").read_text()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("workers", ["0", "-1", "x", ""])
+def test_a_bad_worker_count_is_refused_before_anything_is_fetched(tmp_path, capsys, workers):
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    assert fetch.main(["fetch", "--workers", workers, str(listed), str(tmp_path)]) == 2
+    assert "Error: usage: kimi-checkpoint-fetch.py [--workers N (1 or more)] LIST.json DIR" in capsys.readouterr().err
