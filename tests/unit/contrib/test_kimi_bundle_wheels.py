@@ -120,8 +120,10 @@ def test_target_options_refuse_what_pip_cannot_target(python, platforms):
         kbw.target_options(python, platforms)
 
 
-def test_find_links_alone_mean_no_index_and_an_index_is_passed_as_given():
-    assert PipSources(find_links=(LAB,)).options() == ["--no-index", "--find-links", LAB]
+def test_find_links_alone_mean_no_index_and_an_index_is_passed_as_given(tmp_path):
+    # A wheelhouse that exists on every host (LAB's hash names one build of the lab's wheelhouse, not this one's).
+    wheelhouse = str(tmp_path)
+    assert PipSources(find_links=(wheelhouse,)).options() == ["--no-index", "--find-links", wheelhouse]
     index = PipSources("https://mirror.example/simple", trusted_hosts=("mirror.example",), cert="/etc/ca.pem")
     assert index.options() == [
         "--index-url",
