@@ -194,11 +194,10 @@ def endpoint(mirror, tmp_path_factory) -> Iterator[tuple[str, Throttle]]:
             except urllib.error.HTTPError as answer:
                 if answer.code != 502:  # 502 is the proxy's own answer while olah does not listen yet
                     break  # any other HTTP answer from olah through the proxy means both are up
-                assert olah.poll() is None and time.monotonic() < deadline, "olah did not come up"
-                time.sleep(0.5)
             except OSError:
-                assert olah.poll() is None and time.monotonic() < deadline, "olah did not come up"
-                time.sleep(0.5)
+                pass  # no answer yet (refused or timed out): wait as for the 502
+            assert olah.poll() is None and time.monotonic() < deadline, "olah did not come up"
+            time.sleep(0.5)
         yield url, throttle
     finally:
         throttle.heal()  # lets the held connections go
