@@ -17,11 +17,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # The collection's code is this checkout's, through collections/ (as under pytest).
 sys.path.insert(0, str(REPO / "collections"))
+sys.path.insert(0, str(REPO / "contrib" / "kimi_tools"))
 
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import plan_from_options  # noqa: E402
+from kimi_tools.kimi_plan_check import measured_weights_bytes  # noqa: E402
 
 TABLE = REPO / "tests" / "fixtures" / "planner" / "startup_logs.json"
-GIB = 1024**3
 
 
 def case_options(case: dict, *, measured_weights: bool = True) -> dict:
@@ -31,9 +32,9 @@ def case_options(case: dict, *, measured_weights: bool = True) -> dict:
     model_path = REPO / str(options["model"])
     if model_path.exists():
         options["model"] = str(model_path)
-    measured = case.get("weights_gib_per_gpu_logged")
-    if measured_weights and measured is not None and options.get("pp", 1) == 1:
-        options["weights_bytes"] = round(measured * GIB * options.get("tp", 1))
+    measured = measured_weights_bytes(options, case.get("weights_gib_per_gpu_logged"))
+    if measured_weights and measured is not None:
+        options["weights_bytes"] = measured
     return options
 
 

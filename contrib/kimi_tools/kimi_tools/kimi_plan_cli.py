@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_overhead import ALL2ALL_BACKENDS, PINNED_VLLM_VERSION
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import plan_from_options
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_render import render_text
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import GPU_PRESETS, MODEL_PRESETS, PlanInputError
+
+from .kimi_plan_check import calibration_case, check_log, render_check
 
 # ---------------------------------------------------------------------------------------------------------
 # CLI (bin/kimi-plan)
@@ -75,6 +78,14 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     parser.add_argument(
         "--pooled", action="store_true", help="the GreenNode guide's pooled arithmetic (not what vLLM does)"
     )
+    parser.add_argument(
+        "--check-log",
+        metavar="FILE",
+        help="a vLLM start-up log ('-': stdin) that sized its own KV cache: plan with its settings and version, "
+        "print the planner's error against it and (with --json) its calibration case; exit 0 within 2 %% and not "
+        "above it by more than 1 %%, 1 otherwise",
+    )
+    parser.add_argument("--case-source", help="with --check-log: where the log comes from, for the calibration case")
     return parser
 
 
@@ -83,7 +94,13 @@ def cli_main(argv: Sequence[str] | None = None, prog: str = "kimi-plan") -> int:
     parser = build_arg_parser(prog)
     args = vars(parser.parse_args(argv))
     as_json = args.pop("json")
+    log_path, case_source = args.pop("check_log"), args.pop("case_source")
     options = {key: value for key, value in args.items() if value not in (None, False)}
+    if log_path is not None:
+        return _check_log_main(log_path, case_source, options, as_json, prog)
+    if case_source is not None:
+        sys.stderr.write(f"{prog}: error: argument --case-source: only with --check-log\n")
+        return 2
     try:
         plan = plan_from_options(options)
     except PlanInputError as exc:
@@ -96,3 +113,33 @@ def cli_main(argv: Sequence[str] | None = None, prog: str = "kimi-plan") -> int:
     else:
         sys.stdout.write(render_text(plan) + "\n")
     return 0 if plan["fits"] else 1
+
+
+def _check_log_main(log_path: str, case_source: str | None, options: dict, as_json: bool, prog: str) -> int:
+    """--check-log: 0 the plan is within the calibration tolerance of the log, 1 it is not, 2 bad flags or log."""
+    try:
+        text = sys.stdin.read() if log_path == "-" else Path(log_path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        sys.stderr.write(f"{prog}: error: argument --check-log: cannot read {log_path}: {exc.strerror}\n")
+        return 2
+    try:
+        check = check_log(text, options)
+    except PlanInputError as exc:
+        sys.stderr.write(f"{prog}: error: argument {exc.flag}: {exc.message}\n")
+        return 2
+    for warning in check.plan.get("warnings", []):
+        sys.stderr.write(f"{prog}: warning: {warning}\n")
+    name = "stdin" if log_path == "-" else log_path
+    if as_json:
+        report = {
+            "budget_error": check.budget_error,
+            "tokens_error": check.tokens_error,
+            "within_tolerance": check.within_tolerance,
+            "above_log": check.above_log,
+            "case": calibration_case(check, case_source or name),
+            "plan": check.plan,
+        }
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        sys.stdout.write(render_check(check, name) + "\n")
+    return 0 if check.passes else 1

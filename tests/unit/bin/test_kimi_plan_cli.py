@@ -77,9 +77,9 @@ SEED_000 = [
 ]
 
 
-def kimi_plan(*args: str) -> subprocess.CompletedProcess:
+def kimi_plan(*args: str, input_text: str | None = None) -> subprocess.CompletedProcess:
     # Run the file itself, as users and outside checks do (its shebang is /usr/bin/env python3).
-    return subprocess.run([str(KIMI_PLAN), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(KIMI_PLAN), *args], capture_output=True, text=True, timeout=60, input=input_text)
 
 
 def kimi_plan_json(*args: str) -> tuple[int, dict]:
@@ -286,3 +286,39 @@ def test_module_names_the_bad_option(tmp_path):
     ok, result = run_module(tmp_path, "kimi_plan", {"gpu": "h200", "tp": 8, "dcp": 0})
     assert not ok
     assert result["msg"] == "dcp: must be >= 1 (got 0)"
+
+
+# --check-log (contrib/kimi_tools/kimi_tools/kimi_plan_check.py; its pieces: tests/unit/contrib/test_kimi_plan_check.py)
+DSR1_LOG = REPO_ROOT / "tests" / "fixtures" / "planner" / "logs" / "dsr1-h200-0.11.2-2b62be43.reconstructed.log"
+DSR1_FLAGS = ("--gpu", "h200", "--model", "tests/fixtures/planner/configs/DeepSeek-R1-0528/config.json")
+
+
+def test_check_log_prints_the_error_and_the_case_and_exits_0_within_tolerance():
+    status, report = kimi_plan_json("--check-log", str(DSR1_LOG), "--case-source", "a run", *DSR1_FLAGS)
+    assert status == 0
+    assert {"budget_error", "tokens_error", "within_tolerance", "above_log", "case", "plan"} <= set(report)
+    assert report["case"]["source"] == "a run" and report["case"]["options"]["tp"] == 8
+    completed = kimi_plan("--check-log", "-", *DSR1_FLAGS, input_text=DSR1_LOG.read_text())
+    assert completed.returncode == 0 and "within 2%" in completed.stdout, completed.stderr
+
+
+def test_check_log_exits_1_when_the_plan_is_above_its_log(tmp_path):
+    above = tmp_path / "above.log"
+    above.write_text(
+        DSR1_LOG.read_text().replace("Available KV cache memory: 41.62", "Available KV cache memory: 40.5")
+    )
+    completed = kimi_plan("--check-log", str(above), *DSR1_FLAGS)
+    assert completed.returncode == 1 and "ABOVE the log" in completed.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("--check-log", str(DSR1_LOG), "--tp", "4", *DSR1_FLAGS), "argument --tp: 4 disagrees with the log"),
+        (("--check-log", "/nonexistent/startup.log", *DSR1_FLAGS), "argument --check-log: cannot read"),
+        (("--case-source", "a run", *DSR1_FLAGS), "argument --case-source: only with --check-log"),
+    ],
+)
+def test_check_log_bad_input_exits_2_naming_the_flag(args, named):
+    completed = kimi_plan(*args)
+    assert completed.returncode == 2 and named in completed.stderr and not completed.stdout

@@ -323,6 +323,7 @@ NOT_THE_VARIABLE = {
     "tests/local/test_vllm_role.py": {"vllm_version": "a key of the record the vllm role writes on the node"},
     "tests/unit/plugins/module_utils/test_kimi_plan_overhead.py": {"vllm_version": "the kimi_plan option"},
     "tests/unit/bin/test_kimi_plan_cli.py": {"vllm_version": "the kimi_plan option"},
+    "tests/unit/contrib/test_kimi_plan_check.py": {"vllm_version": "the kimi_plan option, and the version a log shows"},
     "tests/unit/plugins/module_utils/test_kimi_plan_calibration.py": {"vllm_version": "the kimi_plan option"},
     "tests/unit/plugins/module_utils/test_kimi_stack.py": {"nccl_env_file": "kimi_stack_facts' option"},
     "tests/fixtures/stack/facts/regenerate.py": {"nccl_env_file": "kimi_stack_facts' option"},

