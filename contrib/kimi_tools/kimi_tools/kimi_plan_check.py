@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan import kv_dtype_bytes
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import (
     OPTION_DEFAULTS,
     flag_name,
@@ -119,6 +120,8 @@ def read_log(text: str) -> LogFacts:
                     settings[option] = _value(match.group(1).strip("'"), kind)
                 except ValueError:
                     continue  # a value of another shape (None, a repr) is not a setting the planner takes
+    if settings.get("kv_cache_dtype") == "bfloat16":
+        settings["kv_cache_dtype"] = "bf16"  # vLLM's spelling of the planner's bf16 (later releases accept it)
     if "max_model_len" not in settings and kv["concurrency_tokens_per_request"]:
         # "Maximum concurrency for N tokens per request": N is the max_model_len vLLM ran with.
         settings["max_model_len"] = kv["concurrency_tokens_per_request"]
@@ -153,7 +156,7 @@ def measured_weights_bytes(options: dict[str, Any], weights_gib_per_gpu: float |
 
 def _same(option: str, given: Any, logged: Any) -> bool:
     if option == "kv_cache_dtype":
-        return _dtype(str(given)) == _dtype(str(logged))
+        return _same_dtype(given, logged)
     if isinstance(logged, bool):
         return str(given).lower() in (("true", "1", "yes") if logged else ("false", "0", "no"))
     try:
@@ -162,10 +165,10 @@ def _same(option: str, given: Any, logged: Any) -> bool:
         return str(given) == str(logged)
 
 
-def _dtype(value: str) -> str:
-    """vLLM's 'auto' is the model's dtype (BF16 for the K2 family); every FP8 variant is one byte."""
-    value = value.lower()
-    return "fp8" if value.startswith("fp8") else ("bf16" if value in ("auto", "bf16", "bfloat16") else value)
+def _same_dtype(one: Any, other: Any) -> bool:
+    """The same KV cache to the planner: the same bytes per element, as the planner counts them ('auto', the
+    model's BF16, and vLLM's 'bfloat16' are two; every FP8 variant is one)."""
+    return kv_dtype_bytes(str(one).lower()) == kv_dtype_bytes(str(other).lower())
 
 
 def _model_option(options: dict[str, Any], facts: LogFacts) -> str:
@@ -251,6 +254,8 @@ class Check:
     plan: dict[str, Any]
     budget_error: float | None
     tokens_error: float | None
+    # The weights the plan used are the log's "Model loading took" (not given by a flag, not the breakdown).
+    weights_measured: bool
 
     @property
     def within_tolerance(self) -> bool:
@@ -278,6 +283,7 @@ def check_log(text: str, options: dict[str, Any]) -> Check:
         plan=plan,
         budget_error=_error(plan["kv_cache_gib_per_gpu"], facts.available_kv_gib),
         tokens_error=_error(plan["kv_tokens"], facts.kv_tokens),
+        weights_measured=merged.get("weights_bytes") is not None and options.get("weights_bytes") is None,
     )
 
 
@@ -285,7 +291,7 @@ def _is_default(option: str, value: Any) -> bool:
     """The planner's default, as vLLM logs it (DP 1 for the planner's None, 'auto' for its bf16)."""
     default = OPTION_DEFAULTS.get(option)
     if option == "kv_cache_dtype":
-        return _dtype(str(value)) == _dtype(str(default))
+        return _same_dtype(value, default)
     return value == default or (option == "dp" and value == 1)
 
 
@@ -297,7 +303,7 @@ def _model_label(model: str) -> str:
 def calibration_case(check: Check, source: str) -> dict[str, Any]:
     """The entry for tests/fixtures/planner/startup_logs.json (its README names each key). The options keep what
     differs from the planner's defaults, and never the measured weights (the table feeds those itself)."""
-    measured = _measured(check)
+    measured = check.weights_measured
     options = {
         key: value
         for key, value in check.options.items()
@@ -330,11 +336,6 @@ def calibration_case(check: Check, source: str) -> dict[str, Any]:
     return case
 
 
-def _measured(check: Check) -> bool:
-    measured = measured_weights_bytes(check.options, check.facts.weights_gib_per_gpu)
-    return measured is not None and check.options.get("weights_bytes") == measured
-
-
 def _percent(error: float | None) -> str:
     return "-" if error is None else f"{error:+.2%}"
 
@@ -353,7 +354,7 @@ def render_check(check: Check, log_name: str) -> str:
         "  weights per GPU    "
         + (
             f"the log's 'Model loading took {facts.weights_gib_per_gpu} GiB'"
-            if _measured(check)
+            if check.weights_measured
             else f"{plan['weights_gib_per_gpu']:.2f} GiB, the planner's breakdown"
         ),
     ]

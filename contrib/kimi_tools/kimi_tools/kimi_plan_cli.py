@@ -89,6 +89,17 @@ def build_arg_parser(prog: str = "kimi-plan") -> argparse.ArgumentParser:
     return parser
 
 
+def _bad_input(prog: str, flag: str, message: str) -> int:
+    """argparse's own form for every refusal, so a wrapper reads one shape; 2 is argparse's status too."""
+    sys.stderr.write(f"{prog}: error: argument {flag}: {message}\n")
+    return 2
+
+
+def _warn(prog: str, plan: dict) -> None:
+    for warning in plan.get("warnings", []):
+        sys.stderr.write(f"{prog}: warning: {warning}\n")
+
+
 def cli_main(argv: Sequence[str] | None = None, prog: str = "kimi-plan") -> int:
     """Run the CLI; returns the exit status (0 fits, 1 does not fit, 2 bad flags)."""
     parser = build_arg_parser(prog)
@@ -99,15 +110,12 @@ def cli_main(argv: Sequence[str] | None = None, prog: str = "kimi-plan") -> int:
     if log_path is not None:
         return _check_log_main(log_path, case_source, options, as_json, prog)
     if case_source is not None:
-        sys.stderr.write(f"{prog}: error: argument --case-source: only with --check-log\n")
-        return 2
+        return _bad_input(prog, "--case-source", "only with --check-log")
     try:
         plan = plan_from_options(options)
     except PlanInputError as exc:
-        sys.stderr.write(f"{prog}: error: argument {exc.flag}: {exc.message}\n")
-        return 2
-    for warning in plan.get("warnings", []):
-        sys.stderr.write(f"{prog}: warning: {warning}\n")
+        return _bad_input(prog, exc.flag, exc.message)
+    _warn(prog, plan)
     if as_json:
         sys.stdout.write(json.dumps(plan, sort_keys=False) + "\n")
     else:
@@ -120,15 +128,12 @@ def _check_log_main(log_path: str, case_source: str | None, options: dict, as_js
     try:
         text = sys.stdin.read() if log_path == "-" else Path(log_path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        sys.stderr.write(f"{prog}: error: argument --check-log: cannot read {log_path}: {exc.strerror}\n")
-        return 2
+        return _bad_input(prog, "--check-log", f"cannot read {log_path}: {exc.strerror}")
     try:
         check = check_log(text, options)
     except PlanInputError as exc:
-        sys.stderr.write(f"{prog}: error: argument {exc.flag}: {exc.message}\n")
-        return 2
-    for warning in check.plan.get("warnings", []):
-        sys.stderr.write(f"{prog}: warning: {warning}\n")
+        return _bad_input(prog, exc.flag, exc.message)
+    _warn(prog, check.plan)
     name = "stdin" if log_path == "-" else log_path
     if as_json:
         report = {

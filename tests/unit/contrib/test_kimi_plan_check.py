@@ -96,6 +96,22 @@ def test_a_flag_that_says_the_same_as_the_log_is_taken():
     assert check.check_log(DSR1_LOG, same).plan["kv_tokens"] == check.check_log(DSR1_LOG, DSR1_FLAGS).plan["kv_tokens"]
 
 
+def test_a_cache_logged_as_bfloat16_is_the_planners_bf16():
+    logged = DSR1_LOG.replace("kv_cache_dtype=auto", "kv_cache_dtype=bfloat16")
+    result = check.check_log(logged, DSR1_FLAGS)
+    assert result.options["kv_cache_dtype"] == "bf16"
+    assert result.plan["kv_tokens"] == check.check_log(DSR1_LOG, DSR1_FLAGS).plan["kv_tokens"]
+    with pytest.raises(PlanInputError, match="--kv-cache-dtype"):
+        check.check_log(logged, {**DSR1_FLAGS, "kv_cache_dtype": "fp8"})
+
+
+def test_the_weights_are_the_logs_unless_a_flag_gives_them():
+    assert check.check_log(DSR1_LOG, DSR1_FLAGS).weights_measured is True
+    given = check.check_log(DSR1_LOG, {**DSR1_FLAGS, "weights_bytes": str(680 * check.GIB)})
+    assert given.weights_measured is False and given.options["weights_bytes"] == str(680 * check.GIB)
+    assert "weights_bytes" in check.calibration_case(given, "x")["options"]
+
+
 def test_without_a_version_line_the_version_is_asked_for_never_assumed():
     text = _without(_without(DSR1_LOG, "API server version"), "Initializing a V1 LLM engine")
     with pytest.raises(PlanInputError) as refused:
