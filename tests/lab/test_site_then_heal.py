@@ -40,6 +40,8 @@ ALERT_BOUND_S = 180
 UNITS = {"node1": "kimi-vllm.service", "node2": "kimi-vllm-headless.service"}
 # Alerts about what happened within a window (a restart in the last 15 minutes), not about the present state.
 HISTORY_ALERTS = {"KimiWatchdogRestartedGroup"}
+# What a power cut of either node must raise at the webhook (or, for a history alert, keep firing).
+POWER_CUT_ALERTS = ("KimiVllmApiDown", "KimiWatchdogRestartedGroup")
 
 
 def routes_via_lab_bridge(address: str) -> None:
@@ -97,12 +99,19 @@ class AlertReceiver:
                     return at
         return None
 
+    def heard(self) -> list[tuple[str, str, str]]:
+        """(alertname, node, status) of every alert in every notification so far, for failure messages."""
+        return [
+            (alert["labels"].get("alertname", ""), alert["labels"].get("node", ""), alert["status"])
+            for _, payload in self.received
+            for alert in payload.get("alerts", [])
+        ]
+
     def wait_for(self, alertname: str, status: str, since: float, timeout: float) -> float:
         deadline = time.monotonic() + timeout
         while (at := self.arrived(alertname, status, since)) is None:
             assert time.monotonic() < deadline, (
-                f"{alertname} {status} did not reach the webhook in {timeout:.0f} s; got "
-                f"{[(a['labels'].get('alertname'), a['status']) for _, p in self.received for a in p['alerts']]}"
+                f"{alertname} {status} did not reach the webhook in {timeout:.0f} s; got {self.heard()}"
             )
             time.sleep(1)
         return at
@@ -191,13 +200,18 @@ def test_prometheus_scrapes_every_target_and_every_dashboard_query_returns_data(
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
 
 
-def alert_annotations(alertname: str, annotation: str, **labels: str) -> set[str]:
-    """One annotation of the alerts Prometheus holds now (pending or firing) with these labels."""
-    return {
-        alert["annotations"].get(annotation, "")
+def prometheus_alerts(alertname: str, **labels: str) -> list[dict]:
+    """The instances of the alert Prometheus holds now (pending or firing) that carry these labels."""
+    return [
+        alert
         for alert in prometheus("/api/v1/alerts")["alerts"]
         if alert["labels"].get("alertname") == alertname and labels.items() <= alert["labels"].items()
-    }
+    ]
+
+
+def alert_annotations(alertname: str, annotation: str, **labels: str) -> set[str]:
+    """One annotation of the alerts Prometheus holds now (pending or firing) with these labels."""
+    return {alert["annotations"].get(annotation, "") for alert in prometheus_alerts(alertname, **labels)}
 
 
 def restart_counts() -> dict[tuple[str, str], float]:
@@ -210,8 +224,8 @@ def firing(alertname: str) -> set[tuple[str, str]]:
     """(node, reason) of each instance of the alert Prometheus has firing now."""
     return {
         (alert["labels"].get("node", ""), alert["labels"].get("reason", ""))
-        for alert in prometheus("/api/v1/alerts")["alerts"]
-        if alert["labels"].get("alertname") == alertname and alert["state"] == "firing"
+        for alert in prometheus_alerts(alertname)
+        if alert["state"] == "firing"
     }
 
 
@@ -229,17 +243,18 @@ def history_alert_covers_restarts(receiver, alert: str, cut: float, counts: dict
         heard = [receiver.arrived(alert, "firing", cut, node=node, reason=reason) for node, reason in new]
         if restarted and all(heard) and restarted - new <= firing(alert):
             return max([at for at in heard if at is not None], default=time.monotonic())
-        got = [(a["labels"].get("alertname"), a["labels"].get("node"), a["status"]) for _, p in receiver.received
-               for a in p["alerts"]]  # fmt: skip
         assert time.monotonic() < deadline, (
             f"{alert}: restarts since the cut {sorted(restarted)} (already firing at the cut: {sorted(was_firing)}) "
-            f"not all covered within {ALERT_BOUND_S} s; the webhook got {got}"
+            f"not all covered within {ALERT_BOUND_S} s; the webhook got {receiver.heard()}"
         )
         time.sleep(2)
 
 
-def heal_after_power_cut(lab, receiver, node: str, alerts: tuple[str, ...]) -> dict[str, float]:
-    """Power-cut `node`, then time: the group serving again, each alert firing and resolving at the webhook."""
+def heal_after_power_cut(lab, receiver, record, node: str, alerts: tuple[str, ...]) -> dict[str, float]:
+    """Power-cut `node`, then time: the group serving again, each alert firing and resolving at the webhook.
+
+    The figures go to the junit report as testsuite properties `power_cut_<node>_<figure>` (`record` is pytest's
+    record_testsuite_property), where docs/measurements.md reads them."""
     assert generates_a_token(), "the group does not serve before the power cut"
     counts, was_firing = restart_counts(), {alert: firing(alert) for alert in alerts if alert in HISTORY_ALERTS}
     cut = time.monotonic()
@@ -256,6 +271,8 @@ def heal_after_power_cut(lab, receiver, node: str, alerts: tuple[str, ...]) -> d
         figures[f"{alert}_fired_after_back_s"] = fired - back
         resolved = receiver.wait_for(alert, "resolved", since=fired, timeout=ALERT_BOUND_S)
         figures[f"{alert}_resolved_after_serving_s"] = resolved - served
+    for name, seconds in figures.items():
+        record(f"power_cut_{node}_{name}", round(seconds, 1))
     print(f"power cut of {node}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
     return figures
 
@@ -264,10 +281,12 @@ def restarts_logged(lab, node: str, reason: str) -> list[str]:
     return [line for line in watchdog_journal(lab, node).splitlines() if f"restarting ({reason})" in line]
 
 
-def test_a_power_cut_of_rank_0_heals_by_itself_and_the_api_down_alert_fires_and_resolves(serving, receiver):
+def test_a_power_cut_of_rank_0_heals_by_itself_and_the_api_down_alert_fires_and_resolves(
+    serving, receiver, record_testsuite_property
+):
     # Prometheus and Alertmanager live on node1 too: they come back with it and see the API down while the
     # group forms again.
-    heal_after_power_cut(serving, receiver, "node1", ("KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
+    heal_after_power_cut(serving, receiver, record_testsuite_property, "node1", POWER_CUT_ALERTS)
     # node2's watchdog restarted the headless rank, with its reason in the journal.
     assert restarts_logged(serving, "node2", "rendezvous_closed") or restarts_logged(serving, "node2", "rank0_lost")
 
@@ -277,7 +296,7 @@ def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_an
 ):
     # (lab crash + lab start is over in seconds, well within KimiNodeDown's `for`: that alert has its promtool
     # cases.)
-    heal_after_power_cut(serving, receiver, "node2", ("KimiVllmApiDown", "KimiWatchdogRestartedGroup"))
+    heal_after_power_cut(serving, receiver, record_testsuite_property, "node2", POWER_CUT_ALERTS)
     # The firewall came back with the node: nftables.service loaded table inet kimi at boot, before vLLM started.
     rules = serving.ssh("node2", "nft list table inet kimi")
     assert rules.returncode == 0 and "ip saddr @replica_peers accept" in rules.stdout, rules.stdout + rules.stderr
