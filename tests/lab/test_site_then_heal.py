@@ -250,19 +250,21 @@ def history_alert_covers_restarts(receiver, alert: str, cut: float, counts: dict
         time.sleep(2)
 
 
-def heal_after_power_cut(lab, receiver, record, node: str, alerts: tuple[str, ...]) -> dict[str, float]:
-    """Power-cut `node`, then time: the group serving again, each alert firing and resolving at the webhook.
+def heal_after_power_cut(lab, receiver, record, node: str) -> None:
+    """Power-cut `node`, then time: the group serving again, each of POWER_CUT_ALERTS firing and resolving at the
+    webhook (a history alert: covering every restart).
 
     The figures go to the junit report as testsuite properties `power_cut_<node>_<figure>` (`record` is pytest's
     record_testsuite_property), where docs/measurements.md reads them."""
     assert generates_a_token(), "the group does not serve before the power cut"
-    counts, was_firing = restart_counts(), {alert: firing(alert) for alert in alerts if alert in HISTORY_ALERTS}
+    counts = restart_counts()
+    was_firing = {alert: firing(alert) for alert in POWER_CUT_ALERTS if alert in HISTORY_ALERTS}
     cut = time.monotonic()
     back = power_cycle(lab, node)
     served = wait_until_generating(back)
     figures = {"heal_s": served - back}
     assert figures["heal_s"] <= HEAL_BOUND_S, figures
-    for alert in alerts:
+    for alert in POWER_CUT_ALERTS:
         if alert in HISTORY_ALERTS:
             covered = history_alert_covers_restarts(receiver, alert, cut, counts, was_firing[alert])
             figures[f"{alert}_covered_after_back_s"] = covered - back
@@ -274,7 +276,6 @@ def heal_after_power_cut(lab, receiver, record, node: str, alerts: tuple[str, ..
     for name, seconds in figures.items():
         record(f"power_cut_{node}_{name}", round(seconds, 1))
     print(f"power cut of {node}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()))
-    return figures
 
 
 def restarts_logged(lab, node: str, reason: str) -> list[str]:
@@ -286,7 +287,7 @@ def test_a_power_cut_of_rank_0_heals_by_itself_and_the_api_down_alert_fires_and_
 ):
     # Prometheus and Alertmanager live on node1 too: they come back with it and see the API down while the
     # group forms again.
-    heal_after_power_cut(serving, receiver, record_testsuite_property, "node1", POWER_CUT_ALERTS)
+    heal_after_power_cut(serving, receiver, record_testsuite_property, "node1")
     # node2's watchdog restarted the headless rank, with its reason in the journal.
     assert restarts_logged(serving, "node2", "rendezvous_closed") or restarts_logged(serving, "node2", "rank0_lost")
 
@@ -296,7 +297,7 @@ def test_a_power_cut_of_the_headless_rank_heals_by_itself_and_the_alerts_fire_an
 ):
     # (lab crash + lab start is over in seconds, well within KimiNodeDown's `for`: that alert has its promtool
     # cases.)
-    heal_after_power_cut(serving, receiver, record_testsuite_property, "node2", POWER_CUT_ALERTS)
+    heal_after_power_cut(serving, receiver, record_testsuite_property, "node2")
     # The firewall came back with the node: nftables.service loaded table inet kimi at boot, before vLLM started.
     rules = serving.ssh("node2", "nft list table inet kimi")
     assert rules.returncode == 0 and "ip saddr @replica_peers accept" in rules.stdout, rules.stdout + rules.stderr
