@@ -39,7 +39,8 @@ def case_options(case: dict, *, measured_weights: bool = True) -> dict:
 
 
 def relative_error(predicted: float, logged: float) -> float:
-    return (predicted - logged) / logged
+    """Positive above the log (the dangerous side), a negative logged budget (a start that failed) included."""
+    return (predicted - logged) / abs(logged)
 
 
 def is_independent_gpu_case(case: dict) -> bool:

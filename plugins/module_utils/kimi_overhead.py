@@ -84,6 +84,12 @@ BLACKWELL_1024_GRAPHS_SINCE = (0, 28, 0)
 # vocabulary (apply_top_k_top_p): values, int64 indices and the sort's own double buffers. Its size per logit is
 # taken from the logs of those releases, where the sampler, not the forward, sets the peak: DeepSeek-R1 at 1,024
 # requests x 129,280 logits, and Kimi-K2-Thinking at 1,024 x 163,840 confirms it (the recipe case).
+# From 0.18.0 the logs give more than those 14 B: the Kimi-K2.5 runs on H200 (1,024 requests x 163,840 logits, the
+# INT4 forward below them) spend 3.39 GiB of peak beyond the non-torch memory and the encoder's batch, 21.68 B per
+# logit. The forward cannot hold it: without the vision encoder and at one request the same INT4 forward peaks at
+# 1.85 GiB (k2.6-h200-nvl-tp8-ep-0.20.0), and a Kimi-K2.5 run at 64 requests with its encoder on spends at most
+# 1.6 GiB on forward and encoder together (k2.5-h100-tp8-0.15.0). The DeepSeek-R1 runs of these releases do not
+# tell: their FP8 forward (5.15 GiB at 8,192 tokens) is above their sampler (2.67 GiB at 21.68 B) either way.
 SAMPLER_BYTES_PER_LOGIT_UNSORTED = 14.0
 # (first release, bytes per logit, the case it comes from)
 SAMPLER_BYTES_PER_LOGIT_BY_RELEASE = (
@@ -94,9 +100,10 @@ SAMPLER_BYTES_PER_LOGIT_BY_RELEASE = (
     ((0, 14, 0), 52.8, "dsr1-h200-0.14.1-*: 7.46 GiB"),
     ((0, 15, 0), 52.8, "no log of 0.15: the larger of 0.14.1's and 0.16.0's"),
     ((0, 16, 0), 39.4, "dsr1-h200-0.16.0-*: 5.81 GiB (0.17 has 0.16's worker and profile_run)"),
-    ((0, 18, 0), SAMPLER_BYTES_PER_LOGIT_UNSORTED, "Triton top-k/top-p: no sort"),
+    ((0, 18, 0), 21.68, "Triton top-k/top-p, no sort; k2.5-h200-0.18.0-*: 3.39 GiB at 1,024 x 163,840"),
 )
-# Forward bytes per token x expert per token x hidden unit: (first release, {(format, GPU family): bytes}, source).
+# Forward bytes per MoE token x expert per token x hidden unit: (first release, {(format, GPU family): bytes},
+# source). The MoE tokens are max_num_batched_tokens, times DP where the engines gather theirs (moe_tokens).
 # Format: the routed experts' ("fp8_block" DeepSeek/Kimi-K2-Instruct FP8, "int_group" the INT4 K2-Thinking/K2.5
 # family); GPU family: the compute capability major (9 Hopper, 10 Blackwell).
 FORWARD_BYTES_BY_RELEASE = (
@@ -104,10 +111,14 @@ FORWARD_BYTES_BY_RELEASE = (
     # With the sort, the sampler sets these releases' peaks and hides the forward's: the largest forward their
     # logs allow (dsr1-h200-0.13.0-*, -0.16.0-*: 4.83 and 4.86 GiB of peak at 8,192 x 8 x 7,168).
     ((0, 11, 1), {("fp8_block", 9): 10.3}, "the bound dsr1-h200-0.13.0-* and -0.16.0-* set"),
+    # INT4 (Marlin) on Hopper: one request without the vision encoder, where nothing but the forward can set the
+    # peak (1.85 GiB at 8,192 tokens; the run is TP 8 with EP, whose unsharded expert intermediates make it the
+    # larger of the two layouts). The DP 8 run of the same deployment (k2.6-h200-nvl-dp8-ep-0.20.0, 8 x 8,192
+    # gathered tokens) checks it.
     (
         (0, 18, 0),
-        {("fp8_block", 9): 11.77, ("fp8_block", 10): 7.86, ("int_group", 9): 7.74},
-        "dsr1-h200-0.18.0-*, -0.19.0-* (6.10 GiB), dsr1-b200-0.18.0-* (4.39 GiB), k2.5-h200-0.18.0-* (4.98 GiB)",
+        {("fp8_block", 9): 11.77, ("fp8_block", 10): 7.86, ("int_group", 9): 4.23},
+        "dsr1-h200-0.18.0-*, -0.19.0-* (6.10 GiB), dsr1-b200-0.18.0-* (4.39 GiB), k2.6-h200-nvl-tp8-ep-0.20.0",
     ),
 )
 # A format on a GPU family without a figure of its own takes the format's Hopper figure where vLLM runs the same
@@ -327,10 +338,24 @@ def forward_bytes_per_unit(version: str, routed_format: str, compute_major: int 
     return max(figures.values())
 
 
+def moe_tokens(inputs: OverheadInputs) -> int:
+    """The tokens one GPU's MoE layers take in the dummy forward: max_num_batched_tokens, and with DP every
+    engine's. With data_parallel_size above 1 the MoE layers of the DP engines run as one: the prepare/finalize
+    step all-gathers every engine's tokens (AllGather+ReduceScatter, the default all2all backend, and the fallback
+    without --enable-expert-parallel), sized per engine by the forward context's DP metadata without chunking
+    (vllm/model_executor/layers/fused_moe/all2all_utils.py maybe_make_prepare_finalize,
+    prepare_finalize/naive_dp_ep.py, vllm/forward_context.py DPMetadata.sp_local_sizes; read in 0.32.0). The
+    profile runs max_num_batched_tokens on every engine, so each GPU's MoE sees DP times as many. The DeepEP backends
+    send a token only where its experts are: for them this is the bound, the safe side. Measured: the Kimi-K2.6 DP 8
+    run's forward is 7.4 times its TP 8 run's (k2.6-h200-nvl-dp8-ep-0.20.0)."""
+    return inputs.max_num_batched_tokens * max(inputs.dp, 1)
+
+
 def activation_bytes(inputs: OverheadInputs) -> int:
-    """The torch peak of the dummy forward over max_num_batched_tokens tokens (every stage runs it)."""
+    """The torch peak of the dummy forward over max_num_batched_tokens tokens (every stage runs it), led by the MoE
+    workspaces over the tokens the MoE layers gather (moe_tokens)."""
     per_unit = forward_bytes_per_unit(inputs.vllm_version, inputs.routed_format, inputs.compute_major)
-    units = inputs.max_num_batched_tokens * inputs.experts_per_token * inputs.hidden_size
+    units = moe_tokens(inputs) * inputs.experts_per_token * inputs.hidden_size
     return int(units * per_unit)
 
 

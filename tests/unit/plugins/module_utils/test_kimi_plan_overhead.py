@@ -26,6 +26,23 @@ GREENNODE = {
 }
 
 
+OVERHEAD_INPUTS = {
+    "vllm_version": "0.33.0",
+    "hidden_size": 7168,
+    "vocab_size": 163840,
+    "has_vision": False,
+    "max_num_seqs": 1024,
+    "max_num_batched_tokens": 8192,
+    "enforce_eager": False,
+    "all2all_backend": "allgather_reducescatter",
+    "expert_parallel": True,
+    "tp": 1,
+    "dp": 1,
+    "pp": 1,
+    "gpus_per_node": 8,
+}
+
+
 def plan(**options):
     return plan_options.plan_from_options(options)
 
@@ -152,8 +169,12 @@ def test_sampler_on_the_last_stage_encoder_on_the_first():
 
 def test_the_peak_is_the_larger_of_the_forward_and_the_sampler():
     # profile_run runs them one after the other: the sampler adds only what outgrows the forward.
-    unsorted = plan(**H200_TP8)["stages"][0]["overhead_breakdown_gib"]  # 0.33.0: Triton top-k/top-p, 14 B
-    assert unsorted["activation"] > 1024 * 163840 * 14 / GIB and unsorted["sampler"] == 0
+    int4 = plan(**H200_TP8)["stages"][0]["overhead_breakdown_gib"]  # 0.33.0: 21.68 B a logit, above the INT4 forward
+    assert int4["activation"] + int4["sampler"] == pytest.approx(1024 * 163840 * 21.68 / GIB, abs=1e-3)
+    one_request = plan(**H200_TP8, max_num_seqs=1)["stages"][0]["overhead_breakdown_gib"]
+    assert one_request["activation"] == int4["activation"] and one_request["sampler"] == 0
+    fp8 = plan(**{**H200_TP8, "model": "Kimi-K2-Instruct"})["stages"][0]["overhead_breakdown_gib"]
+    assert fp8["activation"] > 1024 * 163840 * 21.68 / GIB and fp8["sampler"] == 0  # the FP8 forward is above it
     sorted_ = plan(**H200_TP8, vllm_version="0.11.2")["stages"][0]["overhead_breakdown_gib"]
     assert sorted_["activation"] + sorted_["sampler"] == pytest.approx(1024 * 163840 * 51.4 / GIB, abs=1e-3)
 
@@ -177,8 +198,8 @@ def test_sampler_scales_with_min_of_seqs_and_batched_tokens():
         ("0.14.1", 52.8),
         ("0.15.0", 52.8),
         ("0.17.1", 39.4),
-        ("0.18.0", 14.0),
-        ("0.33.0", 14.0),
+        ("0.18.0", 21.68),
+        ("0.33.0", 21.68),
     ],
 )
 def test_the_sampler_sorts_the_vocabulary_from_0_11_1_to_0_17(version, per_logit):
@@ -190,12 +211,12 @@ def test_the_forward_figure_follows_the_format_and_the_gpu_family():
     assert ko.forward_bytes_per_unit("0.18.0", "fp8_block", 10) == 7.86
     # No Blackwell INT4 log: Hopper's figure while Blackwell runs Hopper's Marlin (to 0.22), the largest once it
     # runs FlashInfer's TRT-LLM MXINT4 MoE (0.23.0 on); the RTX PRO 6000 (sm_120) keeps Marlin.
-    assert ko.forward_bytes_per_unit("0.18.0", "int_group", 10) == 7.74
-    assert ko.forward_bytes_per_unit("0.22.0", "int_group", 10) == 7.74
+    assert ko.forward_bytes_per_unit("0.18.0", "int_group", 10) == 4.23
+    assert ko.forward_bytes_per_unit("0.22.0", "int_group", 10) == 4.23
     assert ko.forward_bytes_per_unit("0.23.0", "int_group", 10) == 11.77
     assert ko.forward_bytes_per_unit("0.33.0", "int_group", 10) == 11.77
-    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 12) == 7.74
-    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 9) == 7.74
+    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 12) == 4.23
+    assert ko.forward_bytes_per_unit("0.33.0", "int_group", 9) == 4.23
     assert ko.forward_bytes_per_unit("0.18.0", "bf16", 9) == 11.77  # no log of the format: the largest
     assert ko.forward_bytes_per_unit("0.11.0", "int_group", 9) == 4.25
     assert ko.forward_bytes_per_unit("0.16.0", "fp8_block", 12) == 10.3
@@ -205,7 +226,20 @@ def test_activation_grows_with_batched_tokens_and_experts_per_token():
     low = plan(**H200_TP8, max_num_batched_tokens=2048)["stages"][0]["overhead_breakdown_gib"]["activation"]
     high = plan(**H200_TP8, max_num_batched_tokens=16384)["stages"][0]["overhead_breakdown_gib"]["activation"]
     assert high == pytest.approx(8 * low, rel=1e-3)
-    assert low == pytest.approx(2048 * 8 * 7168 * 7.74 / GIB, abs=1e-3)  # Kimi-K2.7-Code: INT4 experts, 8 per token
+    assert low == pytest.approx(2048 * 8 * 7168 * 4.23 / GIB, abs=1e-3)  # Kimi-K2.7-Code: INT4 experts, 8 per token
+
+
+def test_with_dp_every_engines_tokens_reach_each_moe_layer():
+    # The DP engines' MoE layers all-gather every engine's batch: 8 engines of 8,192 tokens are 65,536 per GPU.
+    tp8 = {**H200_TP8, "max_num_seqs": 1, "enable_expert_parallel": True}
+    dp8 = {**tp8, "tp": 1, "dp": 8}
+    one = plan(**tp8)["stages"][0]["overhead_breakdown_gib"]["activation"]
+    assert plan(**dp8)["stages"][0]["overhead_breakdown_gib"]["activation"] == pytest.approx(8 * one, abs=1e-3)
+    # Without --enable-expert-parallel the MoE falls back to the same all-gather.
+    no_ep = plan(**{**dp8, "enable_expert_parallel": False})["stages"][0]["overhead_breakdown_gib"]["activation"]
+    assert no_ep == pytest.approx(8 * one, abs=1e-3)
+    assert ko.moe_tokens(ko.OverheadInputs(**{**OVERHEAD_INPUTS, "dp": 4})) == 4 * 8192
+    assert ko.moe_tokens(ko.OverheadInputs(**OVERHEAD_INPUTS)) == 8192
 
 
 def test_cudagraph_estimate_only_when_captured_and_subtracted():
