@@ -522,7 +522,8 @@ def exec_start(binary: str, argv: Sequence[str], width: int = 100) -> str:
 _NUMBER = r"([0-9][0-9,]*)"
 KV_TOKENS_LINE = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + _NUMBER + r" tokens")
 CONCURRENCY_LINE = re.compile(r"Maximum concurrency for " + _NUMBER + r" tokens per request: ([0-9.]+)x")
-AVAILABLE_KV_LINE = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+# Negative where the weights and the profile leave nothing: the start then fails on it, and the figure says by how much.
+AVAILABLE_KV_LINE = re.compile(r"Available KV cache memory: (-?[0-9.]+) GiB")
 DCP_LINE = re.compile(r"Multiplying the GPU KV cache size by the dcp_world_size (\d+)")
 
 

@@ -62,6 +62,8 @@ _ARG_SETTINGS = {
     "max_num_batched_tokens": ("max_num_batched_tokens", int),
     "block_size": ("block_size", int),
     "enable_expert_parallel": ("enable_expert_parallel", bool),
+    # Without it the planner would cost a vision encoder's dummy batch that vLLM never ran.
+    "language_model_only": ("language_model_only", bool),
 }
 # The model: the engine line's model='...', else the non-default args' (`vllm serve MODEL` logs it as model_tag).
 _MODEL_LINES = (
@@ -206,8 +208,14 @@ def _starts_problem(text: str) -> str | None:
 def check_options(options: dict[str, Any], facts: LogFacts) -> dict[str, Any]:
     """The planner's options for the log: the log's settings, the flags' where the log is silent. A flag that
     says otherwise than the log is refused (PlanInputError naming the flag and the log's value)."""
-    if facts.kv_tokens is None:
-        raise PlanInputError("--check-log", "the log has no 'KV cache size: N tokens' line (is it a start-up log?)")
+    if facts.kv_tokens is None and facts.available_kv_gib is None:
+        # A start that failed on its budget logs 'Available KV cache memory' (negative) and no tokens: the budget
+        # alone is checked then.
+        raise PlanInputError(
+            "--check-log",
+            "the log has neither an 'Available KV cache memory' nor a 'KV cache size: N tokens' line (is it a "
+            "start-up log?)",
+        )
     if facts.budget_given:
         raise PlanInputError(
             "--check-log",
@@ -242,7 +250,8 @@ def check_options(options: dict[str, Any], facts: LogFacts) -> dict[str, Any]:
 
 
 def _error(planned: float, logged: float | None) -> float | None:
-    return None if not logged else (planned - logged) / logged
+    # abs(): a negative logged budget (a start that failed) keeps above the log positive.
+    return None if not logged else (planned - logged) / abs(logged)
 
 
 @dataclass(frozen=True)
@@ -344,13 +353,13 @@ def render_check(check: Check, log_name: str) -> str:
     """The readable comparison bin/kimi-plan prints."""
     plan, facts = check.plan, check.facts
     logged_budget = "-" if facts.available_kv_gib is None else f"{facts.available_kv_gib:.2f} GiB"
+    logged_tokens = "- (the start failed before it)" if facts.kv_tokens is None else f"{facts.kv_tokens:,}"
     lines = [
         f"the plan against {log_name} (vLLM {check.options['vllm_version']}, {check.options['model']}, "
         f"tp {check.options.get('tp', 1)}, pp {check.options.get('pp', 1)})",
         f"  KV budget per GPU  planned {plan['kv_cache_gib_per_gpu']:.2f} GiB, logged {logged_budget}"
         f"  {_percent(check.budget_error)}",
-        f"  KV tokens          planned {plan['kv_tokens']:,}, logged {facts.kv_tokens:,}"
-        f"  {_percent(check.tokens_error)}",
+        f"  KV tokens          planned {plan['kv_tokens']:,}, logged {logged_tokens}  {_percent(check.tokens_error)}",
         "  weights per GPU    "
         + (
             f"the log's 'Model loading took {facts.weights_gib_per_gpu} GiB'"

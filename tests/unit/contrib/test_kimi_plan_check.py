@@ -138,10 +138,59 @@ def test_without_the_engine_line_the_arguments_count_and_what_neither_shows_is_a
     assert refused.value.flag == "--tp"
 
 
+# The lines of a language-model-only Kimi-K2.6 start with EP, in vLLM 0.20.0's form, with the figures of the
+# published run behind k2.6-h200-nvl-tp8-ep-0.20.0 (tests/fixtures/planner/startup_logs.json).
+K26_TEXT_ONLY_LOG = "\n".join(
+    [
+        "(APIServer pid=1) INFO 06-05 09:10:15 [utils.py:233] non-default args: {'model_tag': 'moonshotai/Kimi-K2.6', "
+        "'model': 'moonshotai/Kimi-K2.6', 'trust_remote_code': True, 'max_model_len': 131072, "
+        "'tensor_parallel_size': 8, 'enable_expert_parallel': True, 'gpu_memory_utilization': 0.6, "
+        "'language_model_only': True, 'max_num_seqs': 1}",
+        "(EngineCore pid=446) INFO 06-05 09:10:42 [core.py:109] Initializing a V1 LLM engine (v0.20.0) with config: "
+        "model='moonshotai/Kimi-K2.6', max_seq_len=131072, tensor_parallel_size=8, pipeline_parallel_size=1, "
+        "data_parallel_size=1, decode_context_parallel_size=1, enforce_eager=False, kv_cache_dtype=auto",
+        "(Worker_TP0_EP0 pid=652) INFO 06-05 09:11:47 [gpu_model_runner.py:4879] Model loading took 71.16 GiB memory "
+        "and 48.817523 seconds",
+        "(Worker_TP0_EP0 pid=652) INFO 06-05 09:13:24 [gpu_worker.py:440] Available KV cache memory: 9.84 GiB",
+        "(EngineCore pid=446) INFO 06-05 09:13:24 [kv_cache_utils.py:1711] GPU KV cache size: 149,792 tokens",
+        "(EngineCore pid=446) INFO 06-05 09:13:24 [kv_cache_utils.py:1716] Maximum concurrency for 131,072 tokens per "
+        "request: 1.14x",
+    ]
+)
+
+
+def test_a_language_model_only_start_is_planned_without_the_vision_encoder():
+    facts = check.read_log(K26_TEXT_ONLY_LOG)
+    assert facts.settings["language_model_only"] is True and facts.settings["enable_expert_parallel"] is True
+    result = check.check_log(K26_TEXT_ONLY_LOG, {"gpu": "h200"})
+    assert result.options["language_model_only"] is True
+    assert result.plan["stages"][0]["overhead_breakdown_gib"]["encoder"] == 0
+    assert result.passes
+    # Read as a run with the encoder, the same figures would be costed an encoder batch vLLM never ran.
+    with_encoder = check.check_log(K26_TEXT_ONLY_LOG.replace("'language_model_only': True, ", ""), {"gpu": "h200"})
+    assert with_encoder.plan["stages"][0]["overhead_breakdown_gib"]["encoder"] > 0.5
+    assert not with_encoder.passes
+
+
 def test_a_text_without_the_kv_lines_is_refused():
     with pytest.raises(PlanInputError) as refused:
-        check.check_log(_without(DSR1_LOG, "KV cache size"), DSR1_FLAGS)
+        check.check_log(_without(DSR1_LOG, "KV cache"), DSR1_FLAGS)
     assert refused.value.flag == "--check-log"
+
+
+def test_a_start_that_failed_on_its_budget_is_checked_on_the_budget():
+    # vLLM logs a negative budget and stops before any token count (the DP 8 case's start).
+    failed = _without(K26_TEXT_ONLY_LOG, "KV cache size").replace(
+        "Available KV cache memory: 9.84 GiB", "Available KV cache memory: -19.08 GiB"
+    )
+    failed = _without(failed, "Maximum concurrency")
+    result = check.check_log(failed, {"gpu": "h200"})
+    assert result.facts.available_kv_gib == -19.08 and result.tokens_error is None
+    # The plan (9.84 GiB) is far above the logged -19.08: above is positive even over a negative figure.
+    assert result.budget_error > 1 and result.above_log and not result.passes
+    case = check.calibration_case(result, "the failed start")
+    assert case["logged"] == {"available_kv_cache_gib": -19.08, "gpu_kv_cache_tokens": None}
+    assert "logged - (the start failed before it)" in check.render_check(result, "failed.log")
 
 
 def test_a_model_that_is_no_preset_is_named_and_a_preset_path_is_taken():
