@@ -14,8 +14,10 @@ Needs root (haproxy chroots and drops to user haproxy, the files are root:haprox
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import http.client
+import io
 import json
 import os
 import shutil
@@ -527,6 +529,28 @@ class Router:
         done = subprocess.run([*self.site.ctl(), "show", server], capture_output=True, text=True, check=True)
         return json.loads(done.stdout)
 
+    def admin(self, command: str) -> str:
+        """One command on haproxy's admin socket, in process (no kimi-haproxy-ctl start per call)."""
+        with socket.socket(socket.AF_UNIX) as admin:
+            admin.connect(str(self.site.socket))
+            admin.sendall(f"{command}\n".encode())
+            return b"".join(iter(lambda: admin.recv(65536), b"")).decode()
+
+    def wait_idle(self, timeout: float = 5) -> None:
+        """Until haproxy counts no request in flight on any replica. The client has its answer a moment before
+        haproxy frees the request's slot; consistent hashing's load bound counts that slot, so a request sent in
+        that moment can be moved off its session's replica (with two replicas and bound 1.25, one request still
+        counted on r1 leaves r1 one slot, and it is taken)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = csv.DictReader(io.StringIO(self.admin("show stat").removeprefix("# ")))
+            in_flight = {f"{r['pxname']}/{r['svname']}": int(r["scur"] or 0) for r in rows
+                         if r["pxname"].startswith("kimi_replicas")}  # fmt: skip
+            if not any(in_flight.values()):
+                return
+            assert time.monotonic() < deadline, in_flight
+            time.sleep(0.02)
+
     def wait_status(self, server: str, wanted: str, timeout: float = 10) -> dict:
         deadline = time.monotonic() + timeout
         while True:
@@ -906,7 +930,6 @@ def test_chat_template_is_refused_400_however_it_is_spelled_and_chat_template_kw
 
 
 def test_a_burst_over_the_key_rate_is_refused_429_while_other_keys_are_served(limited):
-    site = limited.site
     before = sent_counts(limited)
     # 8 requests at once from one key against 5 per 10 s: the first 5 are passed on, then 429 with Retry-After.
     answers = [limited.request("POST", "/v1/completions", key=BURST_KEY, body={"prompt": CLIENT_MARK})
@@ -925,10 +948,7 @@ def test_a_burst_over_the_key_rate_is_refused_429_while_other_keys_are_served(li
     for key in (None, "wrong-key"):
         assert limited.request("POST", "/v1/completions", key=key, body={"prompt": CLIENT_MARK})[0] == 401
     # haproxy's table holds each key as its SHA-256, never in clear.
-    with socket.socket(socket.AF_UNIX) as admin:
-        admin.connect(str(site.socket))
-        admin.sendall(b"show table kimi_api\n")
-        table = b"".join(iter(lambda: admin.recv(65536), b"")).decode()
+    table = limited.admin("show table kimi_api")
     assert hashlib.sha256(f"Bearer {BURST_KEY}".encode()).hexdigest().upper() in table, table
     assert not any(key in table for key in [BURST_KEY, *CLIENT_KEYS]), table
 
@@ -965,7 +985,13 @@ def test_affinity_is_rendered_from_the_defaults_and_off_when_the_header_is_empty
 
 
 def sessions_home(router: Router) -> dict[str, str]:
-    return {session: router.served_by(session) for session in SESSIONS}
+    """Where each session is served, each asked with nothing in flight: the load bound then cannot move it, and
+    what is seen is the hash's choice alone."""
+    homes = {}
+    for session in SESSIONS:
+        router.wait_idle()
+        homes[session] = router.served_by(session)
+    return homes
 
 
 def test_a_session_stays_on_one_replica_and_requests_without_one_are_balanced_by_leastconn(affinity):
