@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "collections"))
 sys.path.insert(0, str(REPO / "contrib" / "kimi_tools"))
 
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import plan_from_options  # noqa: E402
-from kimi_tools.kimi_plan_check import measured_weights_bytes  # noqa: E402
+from kimi_tools.kimi_plan_check import measured_weights_bytes, relative_error  # noqa: E402
 
 TABLE = REPO / "tests" / "fixtures" / "planner" / "startup_logs.json"
 
@@ -36,11 +36,6 @@ def case_options(case: dict, *, measured_weights: bool = True) -> dict:
     if measured_weights and measured is not None:
         options["weights_bytes"] = measured
     return options
-
-
-def relative_error(predicted: float, logged: float) -> float:
-    """Positive above the log (the dangerous side), a negative logged budget (a start that failed) included."""
-    return (predicted - logged) / abs(logged)
 
 
 def is_independent_gpu_case(case: dict) -> bool:

@@ -249,9 +249,14 @@ def check_options(options: dict[str, Any], facts: LogFacts) -> dict[str, Any]:
     return merged
 
 
+def relative_error(planned: float, logged: float) -> float:
+    """Positive above the log (the dangerous side). abs(): a negative logged budget (a start that failed) keeps
+    above the log positive. The bench reads its errors from here too."""
+    return (planned - logged) / abs(logged)
+
+
 def _error(planned: float, logged: float | None) -> float | None:
-    # abs(): a negative logged budget (a start that failed) keeps above the log positive.
-    return None if not logged else (planned - logged) / abs(logged)
+    return None if not logged else relative_error(planned, logged)
 
 
 @dataclass(frozen=True)
