@@ -144,6 +144,13 @@ NON_TORCH_BYTES_WITH_PEERS = int(0.95 * GIB)
 # Before 0.11.0 the snapshot precedes NCCL's init, so its communicators count too: "1.38 GiB for non-torch memory"
 # with TP 2 on H200 under vLLM 0.10.2 (Qwen3-Next-80B start-up log, "Free memory on device (139.21/139.81 GiB)").
 NON_TORCH_BYTES_WITH_NCCL_INIT = int(1.38 * GIB)
+# Non-torch memory on a GPU without peers (no NCCL or all-reduce buffers; the libraries' own workspaces remain):
+# what a one-GPU start of GLM-4.7-Flash under vLLM 0.27.1 on an H100 leaves after its weights, KV cache and the
+# planned forward, ceil(0.9 x 79.19) - 55.87 - 15.03 - 0.05 = 0.33 GiB (startup_logs.json case
+# glm-4.7-flash-h100-pcie-tp1-0.27.1). Published one-GPU profile lines print less, so the figure is on the safe
+# side for them: "0.07 GiB for non-torch memory" (an H100 start of 2025-09), "0.16 GiB" (vLLM 0.26.0, a 16 GiB
+# sm_90 GPU), "0.26 GiB" (RTX PRO 6000 Server, TP 1), all public logs found with the code search.
+NON_TORCH_BYTES_ALONE = int(0.33 * GIB)
 # DeepEP buffers (vllm/distributed/device_communicators/all2all.py, 0.23.0): VLLM_DEEPEP_BUFFER_SIZE_MB (default
 # 1024, vllm/envs.py) of NVLink buffer, and as much RDMA buffer when the EP group spans nodes.
 DEEPEP_BUFFER_BYTES = 1024 * MIB
@@ -379,10 +386,11 @@ def encoder_bytes(inputs: OverheadInputs) -> int:
 
 
 def non_torch_bytes(inputs: OverheadInputs) -> int:
-    """NCCL, custom all-reduce and DeepEP memory that vLLM counts (none on a GPU without peers)."""
+    """NCCL, custom all-reduce and DeepEP memory that vLLM counts; a GPU without peers counts its libraries'
+    workspaces only."""
     peers = inputs.tp * inputs.pp * inputs.dp > 1
     if not peers:
-        return 0
+        return NON_TORCH_BYTES_ALONE
     counted = NON_TORCH_BYTES_WITH_PEERS
     if not _at_least(inputs.vllm_version, SNAPSHOT_AFTER_NCCL_SINCE):
         counted = NON_TORCH_BYTES_WITH_NCCL_INIT

@@ -11,6 +11,8 @@ from ansible_collections.kimi.k2.plugins.module_utils import kimi_overhead as ko
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_plan_options as plan_options
 from ansible_collections.kimi.k2.plugins.module_utils import kimi_presets as presets
 
+from tests import paths
+
 GIB = 1024**3
 H200_TP8 = {"model": "Kimi-K2.7-Code", "gpu": "h200", "tp": 8, "max_model_len": 131072}
 GREENNODE = {
@@ -273,6 +275,14 @@ def test_deepep_buffers_with_expert_parallel_only():
 def test_nccl_init_counts_before_0_11():
     old = plan(**H200_TP8, vllm_version="0.10.2")["stages"][0]["overhead_breakdown_gib"]["non_torch"]
     assert old == pytest.approx(1.38, abs=1e-3)
+
+
+def test_a_gpu_without_peers_counts_its_libraries_workspaces_and_less_than_with_peers():
+    glm = str(paths.FIXTURES / "planner" / "configs" / "GLM-4.7-Flash" / "config.json")
+    alone = plan(model=glm, gpu="h100", tp=1, vllm_version="0.27.1")["stages"][0]["overhead_breakdown_gib"]
+    assert alone["non_torch"] == pytest.approx(0.33, abs=1e-3)
+    paired = plan(model=glm, gpu="h100", tp=2, vllm_version="0.27.1")["stages"][0]["overhead_breakdown_gib"]
+    assert 0 < alone["non_torch"] < paired["non_torch"] == pytest.approx(0.95, abs=1e-3)
 
 
 def test_no_overhead_on_one_cpu_and_the_lab_figures_stay():
