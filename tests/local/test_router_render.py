@@ -14,10 +14,8 @@ Needs root (haproxy chroots and drops to user haproxy, the files are root:haprox
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import http.client
-import io
 import json
 import os
 import shutil
@@ -530,22 +528,19 @@ class Router:
         return json.loads(done.stdout)
 
     def admin(self, command: str) -> str:
-        """One command on haproxy's admin socket, in process (no kimi-haproxy-ctl start per call)."""
-        with socket.socket(socket.AF_UNIX) as admin:
-            admin.connect(str(self.site.socket))
-            admin.sendall(f"{command}\n".encode())
-            return b"".join(iter(lambda: admin.recv(65536), b"")).decode()
+        """One command on haproxy's admin socket, through kimi-haproxy-ctl's own call (in process)."""
+        return haproxy_ctl().runtime_api(str(self.site.socket), command)
 
     def wait_idle(self, timeout: float = 5) -> None:
-        """Until haproxy counts no request in flight on any replica. The client has its answer a moment before
-        haproxy frees the request's slot; consistent hashing's load bound counts that slot, so a request sent in
-        that moment can be moved off its session's replica (with two replicas and bound 1.25, one request still
-        counted on r1 leaves r1 one slot, and it is taken)."""
+        """Until haproxy counts no request in flight on any replica (each server with its trackers, as
+        kimi-haproxy-ctl reads them). The client has its answer a moment before haproxy frees the request's slot;
+        consistent hashing's load bound counts that slot, so a request sent in that moment can be moved off its
+        session's replica (with two replicas and bound 1.25, one request still counted on r1 leaves r1 one slot,
+        and it is taken)."""
         deadline = time.monotonic() + timeout
         while True:
-            rows = csv.DictReader(io.StringIO(self.admin("show stat").removeprefix("# ")))
-            in_flight = {f"{r['pxname']}/{r['svname']}": int(r["scur"] or 0) for r in rows
-                         if r["pxname"].startswith("kimi_replicas")}  # fmt: skip
+            in_flight = {name: haproxy_ctl().read_server(self.admin, "kimi_replicas", name).scur
+                         for name in self.replicas}  # fmt: skip
             if not any(in_flight.values()):
                 return
             assert time.monotonic() < deadline, in_flight
