@@ -12,6 +12,12 @@ for where the CUDA-graph estimate enters) computes
                    - non-torch increase since the start-up snapshot (NCCL, custom all-reduce, DeepEP buffers)
                    - the CUDA-graph memory estimate (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default)
 
+From 0.27.0 vllm/utils/mem_utils.py memory_profiling counts everything consumed since the start-up snapshot (free
+memory then minus free memory after the profile) plus the profile's transient peak, so what the model runner keeps
+allocated outside the weights counts too. From 0.29.0 the K2 and DeepSeek architectures run on Model Runner V2,
+whose sampler keeps per-request penalty state of vocabulary width (the "sampler_state" term) and whose dummy
+sampler run differs from V1's (MODEL_RUNNER_V2_SINCE below).
+
 The terms below model each of these. Where vLLM measures rather than computes (activation peak, graph pools), the
 constant is taken from a published start-up log and says which; docs/planner.md has the ledger and the calibration.
 
@@ -121,6 +127,46 @@ FORWARD_BYTES_BY_RELEASE = (
         "dsr1-h200-0.18.0-*, -0.19.0-* (6.10 GiB), dsr1-b200-0.18.0-* (4.39 GiB), k2.6-h200-nvl-tp8-ep-0.20.0",
     ),
 )
+# --- Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) --------------------------------------------------------
+# Up to 0.28.x V2 is the default only for the architectures in vllm/config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+# (read in 0.22.0 to 0.28.0: dense Llama/Mistral/Qwen3 first, DeepseekV2ForCausalLM from 0.24.0; never
+# DeepseekV3ForCausalLM, KimiK25ForConditionalGeneration or Glm4MoeLiteForCausalLM), so every calibration case ran
+# V1. From 0.29.0 VllmConfig.use_v2_model_runner picks V2 for every architecture where Triton is present and no
+# feature V2 lacks is asked for (read in 0.29.0 to 0.33.0: speculative methods, dual batch overlap, elastic EP, custom
+# logits processors, external_launcher with PP; none of them is set by the serve role). "Using V2 Model Runner" in
+# the start-up log confirms it. The terms below that depend on it were read in the source, not fitted: no published
+# start-up log of a K2 or DeepSeek model under 0.29.0 or later has been found.
+MODEL_RUNNER_V2_SINCE = (0, 29, 0)
+# V2's profile_run runs the same dummy forward, then _dummy_sampler_run over min(max_num_seqs,
+# max_num_batched_tokens) requests. 0.29.0 to 0.32.x: one default pass, no per-request processing and no top-k/top-p,
+# the Gumbel-max kernel straight on the BF16 logits (vllm/v1/worker/gpu/sample/sampler.py, gumbel.py); the peak is
+# compute_logits' gather across TP (vllm/distributed/device_communicators/cuda_communicator.py all_gather: the local
+# shard, the gathered buffer and its reshaped copy), 2 + 2 + 2/TP B per logit, 2 B on one GPU.
+# 0.33.0 adds a second pass with SamplingParams.for_sampler_warmup() (temperature, top-k, top-p, min-p, penalties,
+# logprobs): the FP32 copy of the logits (4 B) beside the BF16 ones (2 B), then FlashInfer's
+# top_k_top_p_sampling_from_logits (the default sampler on these GPUs, topk_topp_sampler.py
+# flashinfer_sampler_supported; flashinfer/sampling.py of flashinfer-python 0.7.2.post1, the version 0.33.0 pins),
+# which allocates the top-k-masked logits (4 B) and their softmax (4 B) as two new FP32 tensors: 14 B. Without
+# FlashInfer the Triton top-k/top-p filters in place, so 14 B is the larger of the two paths.
+SAMPLER_WARMUP_PASS_SINCE = (0, 33, 0)
+V2_SAMPLER_WARMUP_BYTES_PER_LOGIT = 14.0
+# The MoE workspaces stay allocated after the forward (vllm/v1/worker/workspace.py WorkspaceManager keeps the largest
+# it has grown to), so V2's sampler pass adds to them rather than following the forward's whole peak. Triton, Marlin
+# and Humming experts hold two activation-dtype (BF16) buffers of tokens x experts per token x max(2 x intermediate /
+# TP, hidden) (experts/triton_moe.py, marlin_moe.py, fused_humming_moe.py workspace_shapes of 0.33.0): 4 B per
+# token x expert per token x hidden unit for the K2 shapes, whose hidden size (7,168) is above twice the expert
+# intermediate (2 x 2,048). DeepGEMM holds an FP8 and a BF16 buffer over expert-aligned rows (deep_gemm_moe.py): 3 B per
+# aligned unit, 5.25 B per unit at 8,192 tokens with 384 local experts. 6 B covers both at the default token budget.
+# profile_run also keeps the forward's BF16 hidden states (max_num_batched_tokens x hidden) while the sampler runs.
+# The forward's own peak caps the two (the INT4 forward, 4.23 B per unit, is almost all workspace).
+HELD_WORKSPACE_BYTES_PER_UNIT = 6.0
+HIDDEN_STATE_BYTES = 2
+# The V2 sampler's penalty state (vllm/v1/worker/gpu/sample/penalties.py PenaltiesState, 0.29.0 to 0.33.0): output
+# token counts [max_num_seqs, vocab] int32 and a prompt token bit mask [max_num_seqs, ceil(vocab / 32)] int32, on the
+# last PP stage, allocated by load_model after "Model loading took" is measured and kept for the engine's life: 0.63
+# GiB at 1,024 sequences x 163,840 tokens. V1 keeps no such state on the GPU.
+SAMPLER_STATE_BYTES_PER_ENTRY = 4
+
 # A format on a GPU family without a figure of its own takes the format's Hopper figure where vLLM runs the same
 # MoE buffers there, and the range's largest where, from a release on, it runs a kernel of its own that no log
 # measures: (format, GPU family) -> that release. INT4 experts on data-centre Blackwell: from 0.23.0 FlashInfer's
@@ -327,9 +373,22 @@ def _by_release(table: tuple, version: str):
     return chosen
 
 
+def uses_model_runner_v2(version: str) -> bool:
+    """Whether a K2 or DeepSeek model runs on Model Runner V2 under this release (MODEL_RUNNER_V2_SINCE)."""
+    return _at_least(version, MODEL_RUNNER_V2_SINCE)
+
+
 def sampler_bytes_per_logit(version: str) -> float:
-    """The sampler dummy run's bytes per logit under this release (SAMPLER_BYTES_PER_LOGIT_BY_RELEASE)."""
+    """Model Runner V1's sampler dummy run: bytes per logit under this release (SAMPLER_BYTES_PER_LOGIT_BY_RELEASE)."""
     return _by_release(SAMPLER_BYTES_PER_LOGIT_BY_RELEASE, version)[1]
+
+
+def v2_sampler_bytes_per_logit(version: str, tp: int) -> float:
+    """Model Runner V2's sampler dummy run: the logits' gather across TP, and from 0.33.0 the warmup pass."""
+    gather = 2.0 + (2.0 + 2.0 / tp if tp > 1 else 0.0)
+    if _at_least(version, SAMPLER_WARMUP_PASS_SINCE):
+        return max(gather, V2_SAMPLER_WARMUP_BYTES_PER_LOGIT)
+    return gather
 
 
 def forward_bytes_per_unit(version: str, routed_format: str, compute_major: int | None) -> float:
@@ -366,16 +425,37 @@ def activation_bytes(inputs: OverheadInputs) -> int:
     return int(units * per_unit)
 
 
+def held_workspace_bytes(inputs: OverheadInputs) -> int:
+    """What the forward leaves allocated while V2's sampler runs: the MoE workspaces (6 B per MoE unit) and the hidden
+    states, at most the forward's peak."""
+    units = moe_tokens(inputs) * inputs.experts_per_token * inputs.hidden_size
+    hidden_states = inputs.max_num_batched_tokens * inputs.hidden_size * HIDDEN_STATE_BYTES
+    return min(activation_bytes(inputs), int(units * HELD_WORKSPACE_BYTES_PER_UNIT) + hidden_states)
+
+
 def sampler_peak_bytes(inputs: OverheadInputs) -> int:
-    """The sampler's dummy run on the last stage: min(max_num_seqs, max_num_batched_tokens) x vocabulary logits."""
+    """The sampler's dummy run on the last stage: min(max_num_seqs, max_num_batched_tokens) x vocabulary logits; on
+    Model Runner V2 on top of the MoE workspaces the forward left allocated."""
     requests = min(inputs.max_num_seqs, inputs.max_num_batched_tokens)
-    return int(requests * inputs.vocab_size * sampler_bytes_per_logit(inputs.vllm_version))
+    logits = requests * inputs.vocab_size
+    if uses_model_runner_v2(inputs.vllm_version):
+        per_logit = v2_sampler_bytes_per_logit(inputs.vllm_version, inputs.tp)
+        return held_workspace_bytes(inputs) + int(logits * per_logit)
+    return int(logits * sampler_bytes_per_logit(inputs.vllm_version))
 
 
 def sampler_bytes(inputs: OverheadInputs) -> int:
     """What the sampler's run adds to the peak: the part of its own peak above the forward's (the two run one after
     the other), 0 when the forward's is the larger."""
     return max(0, sampler_peak_bytes(inputs) - activation_bytes(inputs))
+
+
+def sampler_state_bytes(inputs: OverheadInputs) -> int:
+    """Model Runner V2's penalty state on the last stage (SAMPLER_STATE_BYTES_PER_ENTRY); none on V1."""
+    if not uses_model_runner_v2(inputs.vllm_version):
+        return 0
+    entries = inputs.vocab_size + math.ceil(inputs.vocab_size / 32)
+    return inputs.max_num_seqs * entries * SAMPLER_STATE_BYTES_PER_ENTRY
 
 
 def encoder_bytes(inputs: OverheadInputs) -> int:
@@ -434,6 +514,7 @@ def stage_overhead_bytes(inputs: OverheadInputs, stage: int) -> dict[str, int]:
     return {
         "activation": activation_bytes(inputs),
         "sampler": sampler_bytes(inputs) if last else 0,
+        "sampler_state": sampler_state_bytes(inputs) if last else 0,
         "non_torch": non_torch_bytes(inputs),
         "encoder": encoder_bytes(inputs) if first else 0,
         "cudagraph": cudagraph_bytes(inputs),

@@ -139,7 +139,8 @@ def test_budget_is_requested_minus_weights_minus_each_term():
     assert stage["kv_cache_gib_per_gpu"] == pytest.approx(
         requested - stage["weights_gib_per_gpu"] - stage["overhead_gib"], abs=1e-3
     )
-    assert set(stage["overhead_breakdown_gib"]) == {"activation", "sampler", "non_torch", "encoder", "cudagraph"}
+    terms = {"activation", "sampler", "sampler_state", "non_torch", "encoder", "cudagraph"}
+    assert set(stage["overhead_breakdown_gib"]) == terms
     assert stage["overhead_gib"] == pytest.approx(sum(stage["overhead_breakdown_gib"].values()), abs=1e-3)
 
 
@@ -170,12 +171,14 @@ def test_sampler_on_the_last_stage_encoder_on_the_first():
 
 
 def test_the_peak_is_the_larger_of_the_forward_and_the_sampler():
-    # profile_run runs them one after the other: the sampler adds only what outgrows the forward.
-    int4 = plan(**H200_TP8)["stages"][0]["overhead_breakdown_gib"]  # 0.33.0: 21.68 B a logit, above the INT4 forward
+    # profile_run runs them one after the other: the sampler adds only what outgrows the forward (Model Runner V1,
+    # the K2 models' runner up to 0.28).
+    v1 = {**H200_TP8, "vllm_version": "0.28.0"}
+    int4 = plan(**v1)["stages"][0]["overhead_breakdown_gib"]  # 21.68 B a logit, above the INT4 forward
     assert int4["activation"] + int4["sampler"] == pytest.approx(1024 * 163840 * 21.68 / GIB, abs=1e-3)
-    one_request = plan(**H200_TP8, max_num_seqs=1)["stages"][0]["overhead_breakdown_gib"]
+    one_request = plan(**v1, max_num_seqs=1)["stages"][0]["overhead_breakdown_gib"]
     assert one_request["activation"] == int4["activation"] and one_request["sampler"] == 0
-    fp8 = plan(**{**H200_TP8, "model": "Kimi-K2-Instruct"})["stages"][0]["overhead_breakdown_gib"]
+    fp8 = plan(**{**v1, "model": "Kimi-K2-Instruct"})["stages"][0]["overhead_breakdown_gib"]
     assert fp8["activation"] > 1024 * 163840 * 21.68 / GIB and fp8["sampler"] == 0  # the FP8 forward is above it
     sorted_ = plan(**H200_TP8, vllm_version="0.11.2")["stages"][0]["overhead_breakdown_gib"]
     assert sorted_["activation"] + sorted_["sampler"] == pytest.approx(1024 * 163840 * 51.4 / GIB, abs=1e-3)
@@ -206,6 +209,57 @@ def test_sampler_scales_with_min_of_seqs_and_batched_tokens():
 )
 def test_the_sampler_sorts_the_vocabulary_from_0_11_1_to_0_17(version, per_logit):
     assert ko.sampler_bytes_per_logit(version) == per_logit
+
+
+# --- Model Runner V2 (0.29.0 on) ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("version", "v2"), [("0.27.1", False), ("0.28.0", False), ("0.29.0", True), ("0.33.0", True)])
+def test_the_k2_models_run_on_model_runner_v2_from_0_29(version, v2):
+    assert ko.uses_model_runner_v2(version) is v2
+
+
+def test_model_runner_v2_keeps_penalty_state_on_the_last_stage_only():
+    # PenaltiesState: [max_num_seqs, vocab] int32 counts and [max_num_seqs, vocab / 32] int32 bits.
+    stages = plan(**GREENNODE)["stages"]
+    state = 1024 * (163840 + 163840 // 32) * 4 / GIB
+    assert stages[0]["overhead_breakdown_gib"]["sampler_state"] == 0
+    assert stages[1]["overhead_breakdown_gib"]["sampler_state"] == pytest.approx(state, abs=1e-3)
+    fewer = plan(**GREENNODE, max_num_seqs=256)["stages"][1]["overhead_breakdown_gib"]["sampler_state"]
+    assert fewer == pytest.approx(state / 4, abs=1e-3)
+    v1 = plan(**GREENNODE, vllm_version="0.28.0")["stages"][1]["overhead_breakdown_gib"]["sampler_state"]
+    assert v1 == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "tp", "per_logit"),
+    [
+        ("0.29.0", 1, 2.0),  # the BF16 logits, no gather
+        ("0.29.0", 2, 5.0),  # the shard (1), the gathered buffer (2) and its reshaped copy (2)
+        ("0.32.0", 8, 4.25),
+        ("0.33.0", 8, 14.0),  # the warmup pass: BF16 + FP32 logits, FlashInfer's masked logits and softmax
+        ("0.33.0", 1, 14.0),
+    ],
+)
+def test_model_runner_v2_sampler_pass_by_release_and_tp(version, tp, per_logit):
+    assert ko.v2_sampler_bytes_per_logit(version, tp) == per_logit
+
+
+def test_model_runner_v2_samples_on_top_of_the_held_moe_workspaces():
+    units = 8192 * 8 * 7168
+    int4 = plan(**H200_TP8)["stages"][0]["overhead_breakdown_gib"]  # 0.33.0
+    # The INT4 forward (4.23 B a unit) is below the workspace bound (6 B): all of it stays under the sampler's pass.
+    assert int4["activation"] == pytest.approx(units * 4.23 / GIB, abs=1e-3)
+    assert int4["sampler"] == pytest.approx(1024 * 163840 * 14.0 / GIB, abs=1e-3)
+    before_warmup = plan(**H200_TP8, vllm_version="0.32.0")["stages"][0]["overhead_breakdown_gib"]
+    assert before_warmup["sampler"] == pytest.approx(1024 * 163840 * 4.25 / GIB, abs=1e-3)
+    # FP8 (11.77 B a unit): 6 B of it held, the hidden states and the warmup pass stay below the forward's own peak.
+    fp8 = plan(**{**H200_TP8, "model": "Kimi-K2-Instruct"})["stages"][0]["overhead_breakdown_gib"]
+    held = int(units * 6.0) + 8192 * 7168 * 2
+    assert held + 1024 * 163840 * 14.0 < units * 11.77
+    assert fp8["sampler"] == 0 and fp8["sampler_state"] > 0
+    inputs = ko.OverheadInputs(**{**OVERHEAD_INPUTS, "routed_format": "fp8_block"}, compute_major=9)
+    assert ko.held_workspace_bytes(inputs) == held
 
 
 def test_the_forward_figure_follows_the_format_and_the_gpu_family():
