@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.kimi.k2.plugins.module_utils.kimi_overhead import uses_model_runner_v2
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan import kv_dtype_bytes
 from ansible_collections.kimi.k2.plugins.module_utils.kimi_plan_options import (
     OPTION_DEFAULTS,
@@ -73,6 +74,11 @@ _MODEL_LINES = (
 _BUDGET_GIVEN = re.compile(r"non-default args: \{.*'kv_cache_memory_bytes': \d+")
 # The GPU model runner's figures. "Model loading took %.4f GiB and %.6f seconds" up to 0.2x, "%s GiB memory and"
 # in 0.32.0 (the form kimi_start_phases reads, for the pinned release only): this reads both.
+# Which GPU model runner ran (vllm/v1/worker/gpu_worker.py "Using V2 Model Runner"; vllm/config/vllm.py's fallback
+# warnings "... using the V1 model runner instead.", spelt "v1" in 0.22.0): the planner models the runner the
+# release picks for the K2 and DeepSeek architectures (kimi_overhead.MODEL_RUNNER_V2_SINCE), whose profiles differ.
+_RUNNER_V2_LINE = re.compile(r"Using V2 Model Runner")
+_RUNNER_V1_LINE = re.compile(r"using the V1 model runner instead", re.IGNORECASE)
 _WEIGHTS_LINE = re.compile(r"Model loading took ([0-9.]+) GiB")
 _GRAPHS_LINE = re.compile(r"Graph capturing finished in [0-9.]+ secs, took ([0-9.]+) GiB")
 
@@ -103,6 +109,8 @@ class LogFacts:
     model: str | None
     budget_given: bool
     settings: dict[str, Any] = field(default_factory=dict)
+    # "v2", "v1" where the log says which model runner ran, else None (releases before 0.22 never say).
+    model_runner: str | None = None
 
 
 def read_log(text: str) -> LogFacts:
@@ -137,6 +145,27 @@ def read_log(text: str) -> LogFacts:
         model=model,
         budget_given=bool(_BUDGET_GIVEN.search(text)),
         settings=settings,
+        model_runner=_model_runner(text),
+    )
+
+
+def _model_runner(text: str) -> str | None:
+    if _RUNNER_V2_LINE.search(text):
+        return "v2"
+    if _RUNNER_V1_LINE.search(text):
+        return "v1"
+    return None
+
+
+def _runner_problem(facts: LogFacts, version: str) -> str | None:
+    """A log whose model runner is not the one the planner models for its release (a forced or fallen-back runner):
+    its sampler terms differ, so its figures would be put down to the wrong ones."""
+    modelled = "v2" if uses_model_runner_v2(version) else "v1"
+    if facts.model_runner is None or facts.model_runner == modelled:
+        return None
+    return (
+        f"the log ran Model Runner {facts.model_runner.upper()}, where the planner models "
+        f"{modelled.upper()} for vLLM {version} (docs/planner.md, 'Model Runner V2'): its sampler terms differ"
     )
 
 
@@ -241,6 +270,11 @@ def check_options(options: dict[str, Any], facts: LogFacts) -> dict[str, Any]:
         merged["vllm_version"] = facts.vllm_version
     elif options.get("vllm_version") is None:
         raise PlanInputError("--vllm-version", "the log names no vLLM version (no engine or API server line): give it")
+    # The CPU backend's plan and --overhead-model none have no sampler terms: the runner does not matter there.
+    models_sampler = merged.get("gpu") != "cpu" and merged.get("overhead_model") != "none"
+    runner_problem = _runner_problem(facts, str(merged["vllm_version"])) if models_sampler else None
+    if runner_problem:
+        raise PlanInputError("--check-log", runner_problem)
     merged["model"] = _model_option(options, facts)
     if merged.get("weights_bytes") is None and merged.get("params") is None:
         measured = measured_weights_bytes(merged, facts.weights_gib_per_gpu)

@@ -127,6 +127,24 @@ def test_a_version_flag_that_differs_from_the_log_is_refused():
     assert refused.value.flag == "--vllm-version" and "0.11.2+rhai1" in refused.value.message
 
 
+def test_a_log_of_another_model_runner_than_the_release_picks_is_refused():
+    # 0.29.0 runs the DeepSeek and K2 architectures on Model Runner V2: a log that fell back to V1 (or a release
+    # before 0.29 forced onto V2) has other sampler terms than the planner models for it.
+    v2_line = "(EngineCore_DP0 pid=1) INFO 07-01 00:00:00 [gpu_worker.py:517] Using V2 Model Runner"
+    v1_line = (
+        "(EngineCore_DP0 pid=1) WARNING 07-01 00:00:00 [vllm.py:733] Model Runner V2 does not yet support "
+        "dual batch overlap; using the V1 model runner instead."
+    )
+    at_0_29 = DSR1_LOG.replace("0.11.2+rhai1", "0.29.0")
+    assert check.read_log(at_0_29 + "\n" + v2_line).model_runner == "v2"
+    assert check.check_log(at_0_29 + "\n" + v2_line, DSR1_FLAGS).options["vllm_version"] == "0.29.0"
+    for text, ran in ((at_0_29 + "\n" + v1_line, "V1"), (DSR1_LOG + "\n" + v2_line, "V2")):
+        with pytest.raises(PlanInputError) as refused:
+            check.check_log(text, DSR1_FLAGS)
+        assert refused.value.flag == "--check-log" and f"ran Model Runner {ran}" in refused.value.message
+    assert check.read_log(DSR1_LOG).model_runner is None  # 0.11 never says: the release's runner is taken
+
+
 def test_without_the_engine_line_the_arguments_count_and_what_neither_shows_is_asked_for():
     text = _without(DSR1_LOG, "Initializing a V1 LLM engine")
     with pytest.raises(PlanInputError) as refused:  # the arguments show TP 8 (not the default), never PP
