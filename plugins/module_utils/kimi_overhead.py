@@ -128,14 +128,15 @@ FORWARD_BYTES_BY_RELEASE = (
     ),
 )
 # --- Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) --------------------------------------------------------
-# Up to 0.28.x V2 is the default only for the architectures in vllm/config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
-# (read in 0.22.0 to 0.28.0: dense Llama/Mistral/Qwen3 first, DeepseekV2ForCausalLM from 0.24.0; never
-# DeepseekV3ForCausalLM, KimiK25ForConditionalGeneration or Glm4MoeLiteForCausalLM), so every calibration case ran
-# V1. From 0.29.0 VllmConfig.use_v2_model_runner picks V2 for every architecture where Triton is present and no
-# feature V2 lacks is asked for (read in 0.29.0 to 0.33.0: speculative methods, dual batch overlap, elastic EP, custom
-# logits processors, external_launcher with PP; none of them is set by the serve role). "Using V2 Model Runner" in
-# the start-up log confirms it. The terms below that depend on it were read in the source, not fitted: no published
-# start-up log of a K2 or DeepSeek model under 0.29.0 or later has been found.
+# Up to 0.28.x V2 is the default only for the architectures listed in vllm/config/vllm.py
+# DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES (read in 0.22.0 to 0.28.0: dense, unquantized ones in 0.22.0, a few MoE ones
+# with DeepseekV2ForCausalLM from 0.24.0; never DeepseekV3ForCausalLM, KimiK25ForConditionalGeneration or
+# Glm4MoeLiteForCausalLM), so every calibration case ran V1. From 0.29.0 VllmConfig.use_v2_model_runner picks V2
+# for every architecture where Triton is present and no feature V2 lacks is asked for (read in 0.29.0 to 0.33.0:
+# some speculative methods, dual batch overlap, elastic EP, custom logits processors, external_launcher with PP;
+# the serve role sets none of them). "Using V2 Model Runner" in the start-up log confirms it. The terms below that
+# depend on it were read in the source, not fitted: no published start-up log of a K2 or DeepSeek model under
+# 0.29.0 or later has been found.
 MODEL_RUNNER_V2_SINCE = (0, 29, 0)
 # V2's profile_run runs the same dummy forward, then _dummy_sampler_run over min(max_num_seqs,
 # max_num_batched_tokens) requests. 0.29.0 to 0.32.x: one default pass, no per-request processing and no top-k/top-p,
@@ -163,7 +164,7 @@ HELD_WORKSPACE_BYTES_PER_UNIT = 6.0
 HIDDEN_STATE_BYTES = 2
 # The V2 sampler's penalty state (vllm/v1/worker/gpu/sample/penalties.py PenaltiesState, 0.29.0 to 0.33.0): output
 # token counts [max_num_seqs, vocab] int32 and a prompt token bit mask [max_num_seqs, ceil(vocab / 32)] int32, on the
-# last PP stage, allocated by load_model after "Model loading took" is measured and kept for the engine's life: 0.63
+# last PP stage, allocated by load_model after "Model loading took" is measured and kept for the engine's life: 0.64
 # GiB at 1,024 sequences x 163,840 tokens. V1 keeps no such state on the GPU.
 SAMPLER_STATE_BYTES_PER_ENTRY = 4
 
