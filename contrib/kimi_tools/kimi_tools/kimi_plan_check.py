@@ -270,11 +270,6 @@ def check_options(options: dict[str, Any], facts: LogFacts) -> dict[str, Any]:
         merged["vllm_version"] = facts.vllm_version
     elif options.get("vllm_version") is None:
         raise PlanInputError("--vllm-version", "the log names no vLLM version (no engine or API server line): give it")
-    # The CPU backend's plan and --overhead-model none have no sampler terms: the runner does not matter there.
-    models_sampler = merged.get("gpu") != "cpu" and merged.get("overhead_model") != "none"
-    runner_problem = _runner_problem(facts, str(merged["vllm_version"])) if models_sampler else None
-    if runner_problem:
-        raise PlanInputError("--check-log", runner_problem)
     merged["model"] = _model_option(options, facts)
     if merged.get("weights_bytes") is None and merged.get("params") is None:
         measured = measured_weights_bytes(merged, facts.weights_gib_per_gpu)
@@ -325,6 +320,11 @@ def check_log(text: str, options: dict[str, Any]) -> Check:
     facts = read_log(text)
     merged = check_options(options, facts)
     plan = plan_from_options(merged)
+    # Only a plan that models vLLM's overhead has sampler terms (the plan says whether it does: not the CPU
+    # backend, not --overhead-model none); elsewhere the runner does not matter.
+    runner_problem = _runner_problem(facts, plan["vllm_version"]) if plan.get("overhead_model") == "vllm" else None
+    if runner_problem:
+        raise PlanInputError("--check-log", runner_problem)
     return Check(
         options=merged,
         facts=facts,
