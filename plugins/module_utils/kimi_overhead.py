@@ -418,20 +418,24 @@ def moe_tokens(inputs: OverheadInputs) -> int:
     return inputs.max_num_batched_tokens * max(inputs.dp, 1)
 
 
+def moe_units(inputs: OverheadInputs) -> int:
+    """The MoE workspaces' size in units of one hidden element per routed token-expert pair: every per-unit constant
+    (the forward's and what it leaves held) multiplies this."""
+    return moe_tokens(inputs) * inputs.experts_per_token * inputs.hidden_size
+
+
 def activation_bytes(inputs: OverheadInputs) -> int:
     """The torch peak of the dummy forward over max_num_batched_tokens tokens (every stage runs it), led by the MoE
     workspaces over the tokens the MoE layers gather (moe_tokens)."""
     per_unit = forward_bytes_per_unit(inputs.vllm_version, inputs.routed_format, inputs.compute_major)
-    units = moe_tokens(inputs) * inputs.experts_per_token * inputs.hidden_size
-    return int(units * per_unit)
+    return int(moe_units(inputs) * per_unit)
 
 
 def held_workspace_bytes(inputs: OverheadInputs) -> int:
     """What the forward leaves allocated while V2's sampler runs: the MoE workspaces (6 B per MoE unit) and the hidden
     states, at most the forward's peak."""
-    units = moe_tokens(inputs) * inputs.experts_per_token * inputs.hidden_size
     hidden_states = inputs.max_num_batched_tokens * inputs.hidden_size * HIDDEN_STATE_BYTES
-    return min(activation_bytes(inputs), int(units * HELD_WORKSPACE_BYTES_PER_UNIT) + hidden_states)
+    return min(activation_bytes(inputs), int(moe_units(inputs) * HELD_WORKSPACE_BYTES_PER_UNIT) + hidden_states)
 
 
 def sampler_peak_bytes(inputs: OverheadInputs) -> int:
