@@ -444,14 +444,14 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
     # vLLM gives every worker the smallest worker's block count, so the stage with the fewest tokens decides
     # (with equal budgets that is the stage with the most layers).
     limiting = min(stages, key=lambda stage: (stage["kv_tokens"], stage["_kv_gib_exact"]))
+    deployment = _deployment(inputs, stages)
     if not broken:
         reasons += _memory_problems(inputs, stages, usable_gib)
-        reasons += _sequence_problems(inputs, limiting)
+        reasons += _sequence_problems(inputs, limiting) or _deployed_sequence_problems(inputs, deployment)
     kv_tokens = limiting["kv_tokens"]
     # The scheduler never runs more than max_num_seqs requests per engine, whatever the cache holds.
-    per_replica = min(kv_tokens // inputs.max_model_len, inputs.max_num_seqs)
+    per_replica = min(_tokens_held(inputs, kv_tokens, deployment) // inputs.max_model_len, inputs.max_num_seqs)
     notes += _weight_notes(inputs)
-    deployment = _deployment(inputs, stages)
     plan = {
         "mode": "per-gpu",
         "model": model.name,
@@ -561,6 +561,35 @@ def _sequence_problems(inputs: PlanInputs, limiting: dict[str, Any]) -> list[str
         f"({limiting['num_layers']} layers x {inputs.model.kv_values_per_token_per_layer} values x "
         f"{kv_dtype_bytes(inputs.kv_cache_dtype)} B / DCP {inputs.dcp}), but stage {limiting['stage']} has "
         f"{limiting['_kv_gib_exact']:.2f} GiB per GPU ({limiting['kv_tokens']:,} tokens)"
+    ]
+
+
+def _deploys_budget(inputs: PlanInputs, deployment: dict[str, Any]) -> bool:
+    # The serve phase passes --kv-cache-memory-bytes where the version has it (kimi_kv_cache_memory_from_plan auto);
+    # the CPU backend sizes its cache from VLLM_CPU_KVCACHE_SPACE.
+    return bool(deployment["kv_cache_memory_bytes_supported"]) and not inputs.is_cpu
+
+
+def _tokens_held(inputs: PlanInputs, kv_tokens: int, deployment: dict[str, Any]) -> int:
+    """The tokens a replica holds however it is started: with vLLM's own profile every stage keeps its own budget
+    (kv_tokens); with the deployed one every worker gets the smallest stage budget, so with unequal stages the one of
+    more layers holds fewer (kv_tokens_deployed). The fewer of the two, so that the concurrency derived from it (the
+    verify phase's load test) holds under both."""
+    if not _deploys_budget(inputs, deployment):
+        return kv_tokens
+    return min(kv_tokens, deployment["kv_tokens_deployed"])
+
+
+def _deployed_sequence_problems(inputs: PlanInputs, deployment: dict[str, Any]) -> list[str]:
+    # Every stage holds a sequence with its own budget, but the one budget every worker is given may leave the stage
+    # of more layers short of one: vLLM then refuses to start with --kv-cache-memory-bytes.
+    if not _deploys_budget(inputs, deployment) or deployment["kv_tokens_deployed"] >= inputs.max_model_len:
+        return []
+    return [
+        f"with the one budget every worker is given (--kv-cache-memory-bytes {deployment['kv_cache_memory_bytes']:,}, "
+        f"the smallest stage's) a stage of more layers holds {deployment['kv_tokens_deployed']:,} tokens, "
+        f"less than one {inputs.max_model_len:,}-token sequence: set kimi_kv_cache_memory_from_plan false (vLLM then "
+        "profiles each stage's own budget) or lower max_model_len"
     ]
 
 

@@ -399,6 +399,27 @@ def test_kv_tokens_deployed_from_that_one_value_on_every_stage():
     assert result["kv_tokens_deployed"] <= result["kv_tokens"]
 
 
+def test_concurrency_is_what_the_one_deployed_budget_holds():
+    # Stage 1's budget goes to every worker; stage 0, of one more layer, then holds fewer tokens than the stage that
+    # decides kv_tokens: the load test's concurrency must hold under that start too.
+    result = plan(**GREENNODE)
+    assert result["kv_tokens_deployed"] // 32768 < result["kv_tokens"] // 32768
+    assert result["sequences_per_replica"] == result["kv_tokens_deployed"] // 32768
+    assert result["max_concurrent_sequences"] == result["sequences_per_replica"]
+    assert result["sequences_per_replica"] == int(result["max_concurrency_logged"])
+
+
+def test_a_deployed_budget_short_of_one_sequence_is_refused():
+    options = {**GREENNODE, "gpu_memory_utilization": 0.601, "max_model_len": 262144}
+    result = plan(**options)
+    # Each stage holds one sequence with its own budget; the smallest budget, given to both, does not.
+    assert result["kv_tokens_deployed"] < 262144 <= result["kv_tokens"], "the case no longer sits between the two"
+    assert not result["fits"]
+    assert result["sequences_per_replica"] == 0
+    (reason,) = result["reasons"]
+    assert "--kv-cache-memory-bytes" in reason and "kimi_kv_cache_memory_from_plan" in reason
+
+
 def test_measured_budget_is_deployed_as_is():
     result = plan(**H200_TP8, kv_cache_gib_per_gpu=20)
     assert result["kv_cache_memory_bytes"] == 20 * GIB
