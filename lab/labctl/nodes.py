@@ -34,6 +34,8 @@ from .system import (
     is_mounted,
     namespace_pid,
     pid_file_process,
+    process_alive,
+    read_pid_file,
     run,
     signal_pids,
     wait_until_gone,
@@ -319,6 +321,14 @@ def accepts_ssh(paths: StatePaths, name: str) -> bool:
     return proc.returncode == 0
 
 
+def stopped_while_booting(paths: StatePaths, name: str) -> bool:
+    """Whether the process launch() recorded has exited. Not is_running(): its command-line check can miss nspawn in
+    the instant the launching shell's exec replaces its command line (/proc/PID/cmdline can read empty then) and
+    fail a boot that is under way; within a boot the recorded pid cannot have been reused."""
+    pid = read_pid_file(paths.node_pid_file(name))
+    return pid is None or not process_alive(pid)
+
+
 def wait_for_ssh(paths: StatePaths, names: list[str], timeout_s: float) -> None:
     """Wait until every node completes an ssh login (host key checked), or fail naming the first that did not."""
     addresses = {name: node_address(int(name.removeprefix("node"))) for name in names}
@@ -328,7 +338,7 @@ def wait_for_ssh(paths: StatePaths, names: list[str], timeout_s: float) -> None:
     pending = list(names)
     while pending:
         for name in list(pending):
-            if not is_running(paths, name):
+            if stopped_while_booting(paths, name):
                 raise LabError(f"{name} stopped while booting (console log: {paths.node_console_log(name)})")
             if _port_open(addresses[name], SSH_PORT):
                 with critical_section():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 from labctl import nodes
@@ -92,3 +94,17 @@ def test_nspawn_boots_systemd_on_the_bridge_with_data_bound(tmp_path):
     assert {"--boot", "--register=no", "--keep-unit", "--network-bridge=br-lab", "--machine=node3"} <= set(argv)
     assert f"--bind={tmp_path}/nodes/node3/data:/data" in argv
     assert f"--directory={tmp_path}/nodes/node3/root" in argv
+
+
+def test_a_booting_node_has_stopped_only_when_its_recorded_process_has_exited(tmp_path):
+    paths = StatePaths(tmp_path)
+    paths.node_dir("node1").mkdir(parents=True)
+    assert nodes.stopped_while_booting(paths, "node1")  # never launched: no pid file
+    # A live process whose command line does not (yet) name systemd-nspawn, as in the instant of the exec.
+    paths.node_pid_file("node1").write_text(f"{os.getpid()}\n")
+    assert not nodes.is_running(paths, "node1")
+    assert not nodes.stopped_while_booting(paths, "node1")
+    child = subprocess.Popen(["true"])
+    child.wait()
+    paths.node_pid_file("node1").write_text(f"{child.pid}\n")
+    assert nodes.stopped_while_booting(paths, "node1")
