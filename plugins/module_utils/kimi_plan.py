@@ -588,8 +588,8 @@ def _deployed_sequence_problems(inputs: PlanInputs, deployment: dict[str, Any]) 
     return [
         f"with the one budget every worker is given (--kv-cache-memory-bytes {deployment['kv_cache_memory_bytes']:,}, "
         f"the smallest stage's) a stage of more layers holds {deployment['kv_tokens_deployed']:,} tokens, "
-        f"less than one {inputs.max_model_len:,}-token sequence: set kimi_kv_cache_memory_from_plan false (vLLM then "
-        "profiles each stage's own budget) or lower max_model_len"
+        f"less than one {inputs.max_model_len:,}-token sequence, and vLLM refuses such a start: lower --max-model-len "
+        "(kimi_max_model_len) or raise --gpu-memory-utilization (kimi_gpu_memory_utilization)"
     ]
 
 

@@ -417,7 +417,9 @@ def test_a_deployed_budget_short_of_one_sequence_is_refused():
     assert not result["fits"]
     assert result["sequences_per_replica"] == 0
     (reason,) = result["reasons"]
-    assert "--kv-cache-memory-bytes" in reason and "kimi_kv_cache_memory_from_plan" in reason
+    assert "--kv-cache-memory-bytes" in reason and "kimi_max_model_len" in reason
+    # What the reason advises makes the plan fit.
+    assert plan(**{**options, "gpu_memory_utilization": 0.62})["fits"]
 
 
 def test_measured_budget_is_deployed_as_is():
