@@ -450,7 +450,7 @@ def compute_plan(inputs: PlanInputs, *, with_suggestions: bool = True) -> dict[s
         reasons += _sequence_problems(inputs, limiting) or _deployed_sequence_problems(inputs, deployment)
     kv_tokens = limiting["kv_tokens"]
     # The scheduler never runs more than max_num_seqs requests per engine, whatever the cache holds.
-    per_replica = min(_tokens_held(inputs, kv_tokens, deployment) // inputs.max_model_len, inputs.max_num_seqs)
+    per_replica = min(_tokens_held(kv_tokens, deployment) // inputs.max_model_len, inputs.max_num_seqs)
     notes += _weight_notes(inputs)
     plan = {
         "mode": "per-gpu",
@@ -564,18 +564,13 @@ def _sequence_problems(inputs: PlanInputs, limiting: dict[str, Any]) -> list[str
     ]
 
 
-def _deploys_budget(inputs: PlanInputs, deployment: dict[str, Any]) -> bool:
-    # The serve phase passes --kv-cache-memory-bytes where the version has it (kimi_kv_cache_memory_from_plan auto);
-    # the CPU backend sizes its cache from VLLM_CPU_KVCACHE_SPACE.
-    return bool(deployment["kv_cache_memory_bytes_supported"]) and not inputs.is_cpu
-
-
-def _tokens_held(inputs: PlanInputs, kv_tokens: int, deployment: dict[str, Any]) -> int:
-    """The tokens a replica holds however it is started: with vLLM's own profile every stage keeps its own budget
-    (kv_tokens); with the deployed one every worker gets the smallest stage budget, so with unequal stages the one of
-    more layers holds fewer (kv_tokens_deployed). The fewer of the two, so that the concurrency derived from it (the
-    verify phase's load test) holds under both."""
-    if not _deploys_budget(inputs, deployment):
+def _tokens_held(kv_tokens: int, deployment: dict[str, Any]) -> int:
+    """The tokens a replica holds however it is started. With vLLM's own profile every stage keeps its own budget
+    (kv_tokens); where the version takes --kv-cache-memory-bytes the serve phase gives every worker the smallest stage
+    budget (kimi_kv_cache_memory_from_plan auto, the CPU lab included), with which a stage of more layers holds fewer
+    (kv_tokens_deployed). The fewer of the two, so that the concurrency derived from it (the verify phase's load
+    test) holds under both."""
+    if not deployment["kv_cache_memory_bytes_supported"]:
         return kv_tokens
     return min(kv_tokens, deployment["kv_tokens_deployed"])
 
@@ -583,7 +578,7 @@ def _tokens_held(inputs: PlanInputs, kv_tokens: int, deployment: dict[str, Any])
 def _deployed_sequence_problems(inputs: PlanInputs, deployment: dict[str, Any]) -> list[str]:
     # Every stage holds a sequence with its own budget, but the one budget every worker is given may leave the stage
     # of more layers short of one: vLLM then refuses to start with --kv-cache-memory-bytes.
-    if not _deploys_budget(inputs, deployment) or deployment["kv_tokens_deployed"] >= inputs.max_model_len:
+    if not deployment["kv_cache_memory_bytes_supported"] or deployment["kv_tokens_deployed"] >= inputs.max_model_len:
         return []
     return [
         f"with the one budget every worker is given (--kv-cache-memory-bytes {deployment['kv_cache_memory_bytes']:,}, "
